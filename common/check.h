@@ -25,13 +25,14 @@ struct Voidify {
 
 }  // namespace baton::internal
 
-#define BATON_CHECK(cond)                                       \
-  (cond) ? (void)0                                              \
-         : ::baton::internal::Voidify() &                       \
+#define BATON_CHECK(cond)                                                 \
+  (cond) ? (void)0                                                        \
+         : ::baton::internal::Voidify() &                                 \
                ::baton::internal::CheckFailure(__FILE__, __LINE__, #cond) \
                    .stream()
 
-#define BATON_CHECK_OP_(a, op, b) BATON_CHECK((a)op(b)) << (a) << " vs " << (b) << " "
+#define BATON_CHECK_OP_(a, op, b) \
+  BATON_CHECK((a)op(b)) << (a) << " vs " << (b) << " "
 #define BATON_CHECK_EQ(a, b) BATON_CHECK_OP_(a, ==, b)
 #define BATON_CHECK_NE(a, b) BATON_CHECK_OP_(a, !=, b)
 #define BATON_CHECK_LT(a, b) BATON_CHECK_OP_(a, <, b)
@@ -39,7 +40,10 @@ struct Voidify {
 #define BATON_CHECK_GE(a, b) BATON_CHECK_OP_(a, >=, b)
 #define BATON_CHECK_GT(a, b) BATON_CHECK_OP_(a, >, b)
 // Aborts if a Status / StatusOr is not OK.
-#define BATON_CHECK_OK(expr) \
-  do { const auto& _baton_s = (expr); BATON_CHECK(_baton_s.ok()) << _baton_s; } while (false)
+#define BATON_CHECK_OK(expr)                \
+  do {                                      \
+    const auto& _baton_s = (expr);          \
+    BATON_CHECK(_baton_s.ok()) << _baton_s; \
+  } while (false)
 
 #endif  // BATON_COMMON_CHECK_H_

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace baton {
 
@@ -41,8 +41,8 @@ enum class DType : uint32_t {
 struct DTypeInfo {
   DType dtype;
   absl::string_view name;  // ggml's spelling: "F32", "Q4_1", "Q6_K", ...
-  int64_t block_size;     // elements per block (1 for plain types)
-  int64_t block_bytes;    // bytes per block
+  int64_t block_size;      // elements per block (1 for plain types)
+  int64_t block_bytes;     // bytes per block
 };
 
 // nullptr for an id ggml does not define (or that Baton does not know).
@@ -76,7 +76,9 @@ struct TensorView {
   }
   // Elements per row (innermost dimension); 1 for a scalar.
   int64_t RowSize() const { return shape.empty() ? 1 : shape.back(); }
-  int64_t NumRows() const { return RowSize() == 0 ? 0 : NumElements() / RowSize(); }
+  int64_t NumRows() const {
+    return RowSize() == 0 ? 0 : NumElements() / RowSize();
+  }
 };
 
 // "[1536, 576]".

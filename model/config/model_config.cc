@@ -27,10 +27,14 @@ absl::string_view RopeStyleName(RopeStyle style) {
 
 absl::string_view RopeScalingTypeName(RopeScalingType type) {
   switch (type) {
-    case RopeScalingType::kNone: return "none";
-    case RopeScalingType::kLinear: return "linear";
-    case RopeScalingType::kLlama3: return "llama3";
-    case RopeScalingType::kYarn: return "yarn";
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
   }
   return "unknown";
 }
@@ -40,14 +44,14 @@ absl::Status ModelConfig::Validate() const {
     const char* name;
     int64_t value;
   };
-  for (const Positive& p : {Positive{"num_layers", num_layers},
-                            Positive{"hidden_size", hidden_size},
-                            Positive{"intermediate_size", intermediate_size},
-                            Positive{"num_heads", num_heads},
-                            Positive{"num_kv_heads", num_kv_heads},
-                            Positive{"head_dim", head_dim},
-                            Positive{"vocab_size", vocab_size},
-                            Positive{"context_length", context_length}}) {
+  for (const Positive& p :
+       {Positive{"num_layers", num_layers},
+        Positive{"hidden_size", hidden_size},
+        Positive{"intermediate_size", intermediate_size},
+        Positive{"num_heads", num_heads},
+        Positive{"num_kv_heads", num_kv_heads}, Positive{"head_dim", head_dim},
+        Positive{"vocab_size", vocab_size},
+        Positive{"context_length", context_length}}) {
     if (p.value <= 0) {
       return Invalid(p.name, absl::StrCat("must be > 0, got ", p.value));
     }
@@ -66,7 +70,8 @@ absl::Status ModelConfig::Validate() const {
                                             head_dim, "], got ", rope_dim));
   }
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
-    return Invalid("rms_norm_eps", absl::StrCat("must be > 0, got ", rms_norm_eps));
+    return Invalid("rms_norm_eps",
+                   absl::StrCat("must be > 0, got ", rms_norm_eps));
   }
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
     return Invalid("rope_theta", absl::StrCat("must be > 0, got ", rope_theta));
@@ -82,11 +87,13 @@ absl::Status ModelConfig::Validate() const {
 std::string ModelConfig::DebugString() const {
   std::string out;
   absl::StrAppendFormat(&out, "architecture:        %s\n", architecture);
-  if (!name.empty()) absl::StrAppendFormat(&out, "name:                %s\n", name);
+  if (!name.empty())
+    absl::StrAppendFormat(&out, "name:                %s\n", name);
   absl::StrAppendFormat(&out, "layers:              %d\n", num_layers);
   absl::StrAppendFormat(&out, "hidden size:         %d\n", hidden_size);
   absl::StrAppendFormat(&out, "ffn size:            %d\n", intermediate_size);
-  absl::StrAppendFormat(&out, "heads:               %d (kv heads %d, group %d)\n",
+  absl::StrAppendFormat(&out,
+                        "heads:               %d (kv heads %d, group %d)\n",
                         num_heads, num_kv_heads, gqa_group());
   absl::StrAppendFormat(&out, "head dim:            %d\n", head_dim);
   absl::StrAppendFormat(&out, "vocab size:          %d\n", vocab_size);
@@ -117,9 +124,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
                          gguf.GetString("general.architecture"));
   c.architecture = std::string(arch);
   if (c.architecture != "llama" && c.architecture != "qwen2") {
-    return absl::UnimplementedError(absl::StrCat(
-        "GGUF architecture '", c.architecture,
-        "' is not supported (supported: llama, qwen2)"));
+    return absl::UnimplementedError(
+        absl::StrCat("GGUF architecture '", c.architecture,
+                     "' is not supported (supported: llama, qwen2)"));
   }
   if (gguf.Find("general.name") != nullptr) {
     BATON_ASSIGN_OR_RETURN(absl::string_view name,
@@ -132,24 +139,26 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   BATON_ASSIGN_OR_RETURN(c.intermediate_size,
                          gguf.GetInt(key("feed_forward_length")));
   BATON_ASSIGN_OR_RETURN(c.num_heads, gguf.GetInt(key("attention.head_count")));
-  BATON_ASSIGN_OR_RETURN(c.num_kv_heads, gguf.GetIntOr(key("attention.head_count_kv"),
-                                                      c.num_heads));
+  BATON_ASSIGN_OR_RETURN(
+      c.num_kv_heads,
+      gguf.GetIntOr(key("attention.head_count_kv"), c.num_heads));
   BATON_ASSIGN_OR_RETURN(c.context_length, gguf.GetInt(key("context_length")));
-  BATON_ASSIGN_OR_RETURN(c.rms_norm_eps,
-                         gguf.GetFloat(key("attention.layer_norm_rms_epsilon")));
+  BATON_ASSIGN_OR_RETURN(
+      c.rms_norm_eps, gguf.GetFloat(key("attention.layer_norm_rms_epsilon")));
   BATON_ASSIGN_OR_RETURN(c.rope_theta,
                          gguf.GetFloatOr(key("rope.freq_base"), 10000.0));
   if (c.num_heads <= 0) return Invalid("num_heads", "must be > 0");
   BATON_ASSIGN_OR_RETURN(
       c.head_dim,
       gguf.GetIntOr(key("attention.key_length"), c.hidden_size / c.num_heads));
-  BATON_ASSIGN_OR_RETURN(c.rope_dim,
-                         gguf.GetIntOr(key("rope.dimension_count"), c.head_dim));
+  BATON_ASSIGN_OR_RETURN(
+      c.rope_dim, gguf.GetIntOr(key("rope.dimension_count"), c.head_dim));
   if (gguf.Find(key("vocab_size")) != nullptr) {
     BATON_ASSIGN_OR_RETURN(c.vocab_size, gguf.GetInt(key("vocab_size")));
   } else {
-    BATON_ASSIGN_OR_RETURN(const GgufArray* tokens,
-                           gguf.GetArray("tokenizer.ggml.tokens", GgufType::kString));
+    BATON_ASSIGN_OR_RETURN(
+        const GgufArray* tokens,
+        gguf.GetArray("tokenizer.ggml.tokens", GgufType::kString));
     c.vocab_size = static_cast<int64_t>(tokens->size());
   }
   c.rope_style = c.architecture == "qwen2" ? RopeStyle::kHalfSplit
@@ -193,8 +202,9 @@ absl::StatusOr<int64_t> JsonInt(const Json& j, const char* field,
         absl::StrCat("config.json: missing field '", field, "'"));
   }
   if (!it->is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: field '", field, "' must be an integer, got ", it->dump()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: field '", field,
+                     "' must be an integer, got ", it->dump()));
   }
   return it->get<int64_t>();
 }
@@ -248,13 +258,14 @@ absl::Status ParseRopeScaling(const Json& j, RopeScaling& out) {
   } else if (type == "yarn") {
     out.type = RopeScalingType::kYarn;
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: rope_scaling type '", type, "' is not supported"));
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: rope_scaling type '", type, "' is not supported"));
   }
   BATON_ASSIGN_OR_RETURN(out.factor, JsonFloat(rs, "factor"));
   BATON_ASSIGN_OR_RETURN(out.original_context_length,
                          JsonInt(rs, "original_max_position_embeddings", 0));
-  BATON_ASSIGN_OR_RETURN(out.low_freq_factor, JsonFloat(rs, "low_freq_factor", 1.0));
+  BATON_ASSIGN_OR_RETURN(out.low_freq_factor,
+                         JsonFloat(rs, "low_freq_factor", 1.0));
   BATON_ASSIGN_OR_RETURN(out.high_freq_factor,
                          JsonFloat(rs, "high_freq_factor", 4.0));
   return absl::OkStatus();
@@ -269,7 +280,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(absl::string_view json_text) {
     return absl::InvalidArgumentError("config.json: malformed JSON");
   }
   if (!j.is_object()) {
-    return absl::InvalidArgumentError("config.json: top level must be an object");
+    return absl::InvalidArgumentError(
+        "config.json: top level must be an object");
   }
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) {
@@ -283,9 +295,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(absl::string_view json_text) {
   } else if (model_type == "qwen2") {
     c.architecture = "qwen2";
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        "config.json: model_type '", model_type,
-        "' is not supported (supported: llama, mistral, qwen2)"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: model_type '", model_type,
+                     "' is not supported (supported: llama, mistral, qwen2)"));
   }
   if (auto n = j.find("_name_or_path"); n != j.end() && n->is_string()) {
     c.name = n->get<std::string>();
@@ -301,7 +313,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(absl::string_view json_text) {
                          JsonInt(j, "head_dim", c.hidden_size / c.num_heads));
   c.rope_dim = c.head_dim;
   BATON_ASSIGN_OR_RETURN(c.vocab_size, JsonInt(j, "vocab_size"));
-  BATON_ASSIGN_OR_RETURN(c.context_length, JsonInt(j, "max_position_embeddings"));
+  BATON_ASSIGN_OR_RETURN(c.context_length,
+                         JsonInt(j, "max_position_embeddings"));
   BATON_ASSIGN_OR_RETURN(c.rms_norm_eps, JsonFloat(j, "rms_norm_eps", 1e-6));
   BATON_ASSIGN_OR_RETURN(c.rope_theta, JsonFloat(j, "rope_theta", 10000.0));
   BATON_ASSIGN_OR_RETURN(c.tie_word_embeddings,
@@ -315,7 +328,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(absl::string_view json_text) {
   return c;
 }
 
-absl::StatusOr<ModelConfig> ModelConfigFromHfConfigFile(const std::string& path) {
+absl::StatusOr<ModelConfig> ModelConfigFromHfConfigFile(
+    const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));

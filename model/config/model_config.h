@@ -48,7 +48,8 @@ struct ModelConfig {
 
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  int64_t rope_dim = 0;  // rotated dimensions per head (== head_dim unless partial)
+  int64_t rope_dim =
+      0;  // rotated dimensions per head (== head_dim unless partial)
   RopeStyle rope_style = RopeStyle::kInterleaved;
   RopeScaling rope_scaling;
   // GGUF Llama-3.1+ files carry precomputed per-dimension frequency factors
@@ -77,7 +78,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(absl::string_view json_text);
 
 // Reads and parses `path` (a config.json).
-absl::StatusOr<ModelConfig> ModelConfigFromHfConfigFile(const std::string& path);
+absl::StatusOr<ModelConfig> ModelConfigFromHfConfigFile(
+    const std::string& path);
 
 }  // namespace baton
 

@@ -26,10 +26,11 @@ class GgufBuilder {
     bytes_.insert(bytes_.end(), s.begin(), s.end());
     return *this;
   }
-  GgufBuilder& Header(uint64_t n_tensors, uint64_t n_kv,
-                      uint32_t version = 3) {
-    return Put<uint32_t>(0x46554747).Put<uint32_t>(version).Put(n_tensors).Put(
-        n_kv);
+  GgufBuilder& Header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
+    return Put<uint32_t>(0x46554747)
+        .Put<uint32_t>(version)
+        .Put(n_tensors)
+        .Put(n_kv);
   }
   // A key and a value type; the caller then Put()s the value.
   GgufBuilder& Key(const std::string& key, uint32_t type) {

@@ -4,10 +4,10 @@
 #include <limits>
 #include <utility>
 
-#include "common/check.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 
 namespace baton {
@@ -15,11 +15,13 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr int kMaxArrayDepth = 8;
-constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
+constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
 constexpr uint64_t kMinKvBytes = 8 + 4;  // empty key + type
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;
 
-bool IsKnownType(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kFloat64); }
+bool IsKnownType(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::kFloat64);
+}
 
 // Encoded size of a fixed-size value, 0 for strings and arrays.
 uint64_t FixedSize(GgufType type) {
@@ -56,18 +58,30 @@ T Load(const uint8_t* p) {
 // Decodes a fixed-size value at p. REQUIRES: FixedSize(type) > 0.
 GgufValue DecodeFixed(GgufType type, const uint8_t* p) {
   switch (type) {
-    case GgufType::kUint8: return {Load<uint8_t>(p)};
-    case GgufType::kInt8: return {Load<int8_t>(p)};
-    case GgufType::kUint16: return {Load<uint16_t>(p)};
-    case GgufType::kInt16: return {Load<int16_t>(p)};
-    case GgufType::kUint32: return {Load<uint32_t>(p)};
-    case GgufType::kInt32: return {Load<int32_t>(p)};
-    case GgufType::kFloat32: return {Load<float>(p)};
-    case GgufType::kBool: return {*p != 0};
-    case GgufType::kUint64: return {Load<uint64_t>(p)};
-    case GgufType::kInt64: return {Load<int64_t>(p)};
-    case GgufType::kFloat64: return {Load<double>(p)};
-    default: break;
+    case GgufType::kUint8:
+      return {Load<uint8_t>(p)};
+    case GgufType::kInt8:
+      return {Load<int8_t>(p)};
+    case GgufType::kUint16:
+      return {Load<uint16_t>(p)};
+    case GgufType::kInt16:
+      return {Load<int16_t>(p)};
+    case GgufType::kUint32:
+      return {Load<uint32_t>(p)};
+    case GgufType::kInt32:
+      return {Load<int32_t>(p)};
+    case GgufType::kFloat32:
+      return {Load<float>(p)};
+    case GgufType::kBool:
+      return {*p != 0};
+    case GgufType::kUint64:
+      return {Load<uint64_t>(p)};
+    case GgufType::kInt64:
+      return {Load<int64_t>(p)};
+    case GgufType::kFloat64:
+      return {Load<double>(p)};
+    default:
+      break;
   }
   BATON_CHECK(false) << "DecodeFixed on variable-size GGUF type";
 }
@@ -86,8 +100,8 @@ class GgufParser {
   absl::Status Need(uint64_t n, absl::string_view what) const {
     if (n > remaining()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "GGUF truncated: %s at offset %d needs %d bytes, %d remain",
-          what, pos_, n, remaining()));
+          "GGUF truncated: %s at offset %d needs %d bytes, %d remain", what,
+          pos_, n, remaining()));
     }
     return absl::OkStatus();
   }
@@ -109,7 +123,7 @@ class GgufParser {
           at, len, remaining()));
     }
     absl::string_view s(reinterpret_cast<const char*>(bytes_.data() + pos_),
-                       len);
+                        len);
     pos_ += len;
     return s;
   }
@@ -148,16 +162,16 @@ class GgufParser {
   absl::StatusOr<GgufArray> ReadArray(int depth, absl::string_view what) {
     uint64_t at = pos_;
     if (depth >= kMaxArrayDepth) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "GGUF %s at offset %d: arrays nested deeper than %d", what, at,
-          kMaxArrayDepth));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("GGUF %s at offset %d: arrays nested deeper than %d",
+                          what, at, kMaxArrayDepth));
     }
     GgufArray array;
     BATON_ASSIGN_OR_RETURN(array.element_type_, ReadType(what));
     BATON_ASSIGN_OR_RETURN(array.count_, Read<uint64_t>(what));
     uint64_t size = FixedSize(array.element_type_);
     // Smallest possible encoding of one element bounds the count.
-    uint64_t min_size = size > 0 ? size
+    uint64_t min_size = size > 0                                   ? size
                         : array.element_type_ == GgufType::kString ? 8
                                                                    : 12;
     if (array.count_ > remaining() / min_size) {
@@ -201,19 +215,32 @@ class GgufParser {
 
 absl::string_view GgufTypeName(GgufType type) {
   switch (type) {
-    case GgufType::kUint8: return "uint8";
-    case GgufType::kInt8: return "int8";
-    case GgufType::kUint16: return "uint16";
-    case GgufType::kInt16: return "int16";
-    case GgufType::kUint32: return "uint32";
-    case GgufType::kInt32: return "int32";
-    case GgufType::kFloat32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kUint64: return "uint64";
-    case GgufType::kInt64: return "int64";
-    case GgufType::kFloat64: return "float64";
+    case GgufType::kUint8:
+      return "uint8";
+    case GgufType::kInt8:
+      return "int8";
+    case GgufType::kUint16:
+      return "uint16";
+    case GgufType::kInt16:
+      return "int16";
+    case GgufType::kUint32:
+      return "uint32";
+    case GgufType::kInt32:
+      return "int32";
+    case GgufType::kFloat32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kUint64:
+      return "uint64";
+    case GgufType::kInt64:
+      return "int64";
+    case GgufType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
@@ -237,22 +264,30 @@ absl::string_view GgufArray::GetString(size_t i) const {
   BATON_CHECK_LT(i, count_);
   const uint8_t* p = data_ + offsets_[i];
   return absl::string_view(reinterpret_cast<const char*>(p + 8),
-                          Load<uint64_t>(p));
+                           Load<uint64_t>(p));
 }
 
 absl::StatusOr<int64_t> GgufValue::AsInt() const {
   switch (type()) {
-    case GgufType::kUint8: return std::get<uint8_t>(value);
-    case GgufType::kInt8: return std::get<int8_t>(value);
-    case GgufType::kUint16: return std::get<uint16_t>(value);
-    case GgufType::kInt16: return std::get<int16_t>(value);
-    case GgufType::kUint32: return std::get<uint32_t>(value);
-    case GgufType::kInt32: return std::get<int32_t>(value);
-    case GgufType::kInt64: return std::get<int64_t>(value);
+    case GgufType::kUint8:
+      return std::get<uint8_t>(value);
+    case GgufType::kInt8:
+      return std::get<int8_t>(value);
+    case GgufType::kUint16:
+      return std::get<uint16_t>(value);
+    case GgufType::kInt16:
+      return std::get<int16_t>(value);
+    case GgufType::kUint32:
+      return std::get<uint32_t>(value);
+    case GgufType::kInt32:
+      return std::get<int32_t>(value);
+    case GgufType::kInt64:
+      return std::get<int64_t>(value);
     case GgufType::kUint64: {
       uint64_t v = std::get<uint64_t>(value);
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return absl::OutOfRangeError(absl::StrCat("value ", v, " exceeds int64"));
+        return absl::OutOfRangeError(
+            absl::StrCat("value ", v, " exceeds int64"));
       }
       return static_cast<int64_t>(v);
     }
@@ -280,8 +315,8 @@ std::string GgufValue::DebugString() const {
     }
     case GgufType::kArray: {
       const GgufArray& a = std::get<GgufArray>(value);
-      std::string out = absl::StrCat(GgufTypeName(a.element_type()), "[",
-                                     a.size(), "]");
+      std::string out =
+          absl::StrCat(GgufTypeName(a.element_type()), "[", a.size(), "]");
       if (a.element_type() != GgufType::kArray && a.size() > 0) {
         absl::StrAppend(&out, " {");
         for (size_t i = 0; i < a.size() && i < 4; ++i) {
@@ -378,9 +413,9 @@ absl::Status GgufParser::ParseInto(GgufFile& file) {
     BATON_ASSIGN_OR_RETURN(uint32_t n_dims,
                            Read<uint32_t>(what + " dimension count"));
     if (n_dims > kMaxDims) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "GGUF %s at offset %d has %d dimensions (at most %d)", what, at,
-          n_dims, kMaxDims));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("GGUF %s at offset %d has %d dimensions (at most %d)",
+                          what, at, n_dims, kMaxDims));
     }
     info.shape.resize(n_dims);
     for (uint32_t d = 0; d < n_dims; ++d) {
@@ -395,9 +430,9 @@ absl::Status GgufParser::ParseInto(GgufFile& file) {
     BATON_ASSIGN_OR_RETURN(uint32_t type, Read<uint32_t>(what + " type"));
     const DTypeInfo* dtype = FindDTypeInfo(type);
     if (dtype == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "GGUF %s at offset %d has unknown tensor type %d", what, type_at,
-          type));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("GGUF %s at offset %d has unknown tensor type %d",
+                          what, type_at, type));
     }
     info.dtype = dtype->dtype;
     BATON_ASSIGN_OR_RETURN(uint64_t offset, Read<uint64_t>(what + " offset"));
@@ -473,9 +508,9 @@ namespace {
 
 absl::Status WrongType(absl::string_view key, absl::string_view expected,
                        GgufType actual) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "GGUF metadata '", key, "' should be ", expected, ", but is ",
-      GgufTypeName(actual)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("GGUF metadata '", key, "' should be ", expected,
+                   ", but is ", GgufTypeName(actual)));
 }
 
 absl::Status Missing(absl::string_view key) {
@@ -489,7 +524,8 @@ absl::StatusOr<absl::string_view> GgufFile::GetString(
     absl::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return Missing(key);
-  if (v->type() != GgufType::kString) return WrongType(key, "a string", v->type());
+  if (v->type() != GgufType::kString)
+    return WrongType(key, "a string", v->type());
   return std::get<absl::string_view>(v->value);
 }
 
@@ -536,15 +572,16 @@ absl::StatusOr<const GgufArray*> GgufFile::GetArray(
   const GgufValue* v = Find(key);
   if (v == nullptr) return Missing(key);
   if (v->type() != GgufType::kArray) {
-    return WrongType(key, absl::StrCat("an array of ", GgufTypeName(element_type)),
+    return WrongType(key,
+                     absl::StrCat("an array of ", GgufTypeName(element_type)),
                      v->type());
   }
   const GgufArray& a = std::get<GgufArray>(v->value);
   if (a.element_type() != element_type) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GGUF metadata '", key, "' should be an array of ",
-        GgufTypeName(element_type), ", but its elements are ",
-        GgufTypeName(a.element_type())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF metadata '", key, "' should be an array of ",
+                     GgufTypeName(element_type), ", but its elements are ",
+                     GgufTypeName(a.element_type())));
   }
   return &a;
 }

@@ -13,11 +13,11 @@
 #include <memory>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/mapped_file.h"
 #include "model/tensor.h"
 
@@ -119,7 +119,8 @@ class GgufFile {
   absl::StatusOr<bool> GetBool(absl::string_view key) const;
   // A missing key yields `fallback`; a present key of the wrong type is an
   // error.
-  absl::StatusOr<int64_t> GetIntOr(absl::string_view key, int64_t fallback) const;
+  absl::StatusOr<int64_t> GetIntOr(absl::string_view key,
+                                   int64_t fallback) const;
   absl::StatusOr<double> GetFloatOr(absl::string_view key,
                                     double fallback) const;
   absl::StatusOr<bool> GetBoolOr(absl::string_view key, bool fallback) const;

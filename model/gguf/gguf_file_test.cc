@@ -33,10 +33,18 @@ std::vector<uint8_t> ValidFile() {
   b.Key("u64", 10).Put<uint64_t>(1ull << 40);
   b.Key("i64", 11).Put<int64_t>(-(1ll << 40));
   b.Key("f64", 12).Put<double>(-2.25);
-  b.Key("strings", 9).Put<uint32_t>(8).Put<uint64_t>(3).Str("a").Str("").Str(
-      "ccc");
-  b.Key("ints", 9).Put<uint32_t>(5).Put<uint64_t>(3).Put<int32_t>(7).Put<
-      int32_t>(-8).Put<int32_t>(9);
+  b.Key("strings", 9)
+      .Put<uint32_t>(8)
+      .Put<uint64_t>(3)
+      .Str("a")
+      .Str("")
+      .Str("ccc");
+  b.Key("ints", 9)
+      .Put<uint32_t>(5)
+      .Put<uint64_t>(3)
+      .Put<int32_t>(7)
+      .Put<int32_t>(-8)
+      .Put<int32_t>(9);
   b.Key("nested", 9).Put<uint32_t>(9).Put<uint64_t>(2);
   b.Put<uint32_t>(4).Put<uint64_t>(1).Put<uint32_t>(42);
   b.Put<uint32_t>(8).Put<uint64_t>(2).Str("x").Str("yz");
@@ -149,7 +157,10 @@ std::vector<BadCase> BadCases() {
   };
   {
     GgufBuilder b;
-    b.Put<uint32_t>(0x46554746).Put<uint32_t>(3).Put<uint64_t>(0).Put<uint64_t>(0);
+    b.Put<uint32_t>(0x46554746)
+        .Put<uint32_t>(3)
+        .Put<uint64_t>(0)
+        .Put<uint64_t>(0);
     add("BadMagic", b, "bad magic");
   }
   {
@@ -276,7 +287,8 @@ TEST_P(GgufBadInputTest, RejectedWithClearMessage) {
               HasSubstr(GetParam().message));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GgufBadInputTest, ::testing::ValuesIn(BadCases()),
+INSTANTIATE_TEST_SUITE_P(Cases, GgufBadInputTest,
+                         ::testing::ValuesIn(BadCases()),
                          [](const auto& info) { return info.param.name; });
 
 TEST(GgufFileTest, OpenNamesThePath) {
@@ -294,9 +306,9 @@ TEST(GgufFileTest, DefaultModelMatchesGgufPackage) {
   auto file = GgufFile::Open(model);
   ASSERT_TRUE(file.ok()) << file.status()
                          << " (run scripts/setup.sh to fetch the model)";
-  auto out = testing::RunCommand(
-      testing::PythonPath() + " " + testing::SourceDir() +
-      "/scripts/reference/gguf_inventory.py " + model);
+  auto out =
+      testing::RunCommand(testing::PythonPath() + " " + testing::SourceDir() +
+                          "/scripts/reference/gguf_inventory.py " + model);
   ASSERT_TRUE(out.ok()) << out.status();
   nlohmann::json ref = nlohmann::json::parse(*out);
   const GgufFile& f = **file;
@@ -342,8 +354,10 @@ TEST(GgufFileTest, DefaultModelMatchesGgufPackage) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const GgufTensorInfo& t = f.tensors()[i];
     EXPECT_EQ(t.name, tensors[i]["name"].get<std::string>());
-    EXPECT_EQ(static_cast<int>(t.dtype), tensors[i]["type"].get<int>()) << t.name;
-    EXPECT_EQ(t.shape, tensors[i]["shape"].get<std::vector<int64_t>>()) << t.name;
+    EXPECT_EQ(static_cast<int>(t.dtype), tensors[i]["type"].get<int>())
+        << t.name;
+    EXPECT_EQ(t.shape, tensors[i]["shape"].get<std::vector<int64_t>>())
+        << t.name;
     EXPECT_EQ(t.offset, tensors[i]["offset"].get<uint64_t>()) << t.name;
     EXPECT_EQ(t.nbytes, tensors[i]["nbytes"].get<uint64_t>()) << t.name;
   }

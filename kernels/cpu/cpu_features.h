@@ -1,0 +1,47 @@
+// Run-time detection of the x86-64 SIMD extensions the CPU kernels use, and
+// the instruction-set paths ("ISAs") those kernels offer.
+#ifndef BATON_KERNELS_CPU_CPU_FEATURES_H_
+#define BATON_KERNELS_CPU_CPU_FEATURES_H_
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace baton {
+
+// What CPUID and XGETBV report (the OS must also save the vector state for a
+// feature to count as present). All false on a non-x86-64 build.
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512vnni = false;
+  bool avx_vnni = false;
+};
+
+// Detected once, then cached. Thread-safe.
+const CpuFeatures& GetCpuFeatures();
+
+// Kernel paths, slowest to fastest. Each path is a different (fixed) reduction
+// order, so results are bit-identical only between runs on the same path.
+enum class CpuIsa {
+  kScalar = 0,      // portable C++, any x86-64 (or other) CPU
+  kAvx2 = 1,        // AVX2 + FMA + F16C
+  kAvx512Vnni = 2,  // AVX-512 F/BW/VL/VNNI + FMA + F16C
+};
+
+bool IsCpuIsaSupported(CpuIsa isa);
+// The fastest supported path; cached. BATON_CPU_ISA=scalar|avx2|avx512vnni in
+// the environment lowers it (never raises it past what the CPU supports), so
+// machines with different CPUs can be made to agree bit-for-bit.
+CpuIsa BestCpuIsa();
+// "scalar", "avx2", "avx512vnni".
+absl::string_view CpuIsaName(CpuIsa isa);
+// Inverse of CpuIsaName; InvalidArgument for any other string.
+absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name);
+
+}  // namespace baton
+
+#endif  // BATON_KERNELS_CPU_CPU_FEATURES_H_

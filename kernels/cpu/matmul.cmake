@@ -1,0 +1,41 @@
+# CPU matrix-multiply kernels, their thread pool and benchmark.
+# Included from kernels/cpu/CMakeLists.txt.
+
+baton_library(baton_cpu_features
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/cpu_features.cc
+  DEPS absl::status absl::statusor absl::strings)
+
+baton_library(baton_thread_pool
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cc
+  DEPS absl::status absl::statusor absl::strings Threads::Threads)
+
+# The SIMD paths are selected per function (target attributes) at run time,
+# so this library builds for any x86-64. Contraction is off: every multiply
+# and add is exactly the one written, which the bit-exact reduction order
+# (matmul_kernels.h) relies on.
+baton_library(baton_matmul
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/quantize_activations.cc
+       ${CMAKE_CURRENT_LIST_DIR}/matmul.cc
+       ${CMAKE_CURRENT_LIST_DIR}/matmul_scalar.cc
+       ${CMAKE_CURRENT_LIST_DIR}/matmul_avx2.cc
+       ${CMAKE_CURRENT_LIST_DIR}/matmul_avx512.cc
+  DEPS baton_cpu_features baton_thread_pool baton_tensor baton_common
+       absl::status absl::statusor absl::strings)
+target_compile_options(baton_matmul PRIVATE -ffp-contract=off)
+
+baton_test(thread_pool_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/thread_pool_test.cc
+  DEPS baton_thread_pool)
+baton_test(quantize_activations_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/quantize_activations_test.cc
+  DEPS baton_matmul)
+baton_test(matmul_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/matmul_test.cc
+  DEPS baton_matmul)
+
+if(NOT BATON_FUZZ)
+  add_executable(matmul_bench
+    ${CMAKE_CURRENT_LIST_DIR}/../../bench/kernels/matmul_bench.cc)
+  target_compile_options(matmul_bench PRIVATE ${BATON_WARNINGS})
+  target_link_libraries(matmul_bench PRIVATE baton_matmul)
+endif()

@@ -1,0 +1,14 @@
+# The element-wise and attention ops of the forward pass.
+# Included from kernels/cpu/CMakeLists.txt.
+
+baton_library(baton_cpu_ops
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/rms_norm.cc
+       ${CMAKE_CURRENT_LIST_DIR}/rope.cc
+       ${CMAKE_CURRENT_LIST_DIR}/swiglu.cc
+       ${CMAKE_CURRENT_LIST_DIR}/paged_attention.cc
+  DEPS baton_cpu_features baton_common absl::status absl::statusor absl::strings)
+
+baton_test(rms_norm_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rms_norm_test.cc DEPS baton_cpu_ops)
+baton_test(rope_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rope_test.cc DEPS baton_cpu_ops)
+baton_test(paged_attention_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/paged_attention_test.cc DEPS baton_cpu_ops)

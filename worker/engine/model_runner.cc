@@ -1,0 +1,228 @@
+#include "worker/engine/model_runner.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace baton {
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
+    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
+  const ModelConfig& c = weights->config();
+  const KvLayout& layout = cache->layout();
+  if (layout.num_layers != c.num_layers ||
+      layout.num_kv_heads != c.num_kv_heads || layout.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache layout ", layout.ToString(),
+                     " does not fit the model (", c.num_layers, " layers, ",
+                     c.num_kv_heads, " kv heads, head dim ", c.head_dim, ")"));
+  }
+  if (layout.dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        "the CPU model runner needs an F16 KV cache");
+  }
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(weights, cache, pool));
+  RopeOptions rope;
+  rope.head_dim = c.head_dim;
+  rope.rope_dim = c.rope_dim;
+  rope.theta = c.rope_theta;
+  rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
+  rope.max_positions = c.context_length;
+  if (!weights->rope_freq_factors().empty()) {
+    rope.freq_factors = weights->rope_freq_factors();
+  } else if (c.rope_scaling.type == RopeScalingType::kLlama3) {
+    rope.freq_factors = Llama3FreqFactors(
+        c.rope_dim, c.rope_theta, c.rope_scaling.factor,
+        c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+        c.rope_scaling.original_context_length);
+  } else if (c.rope_scaling.type == RopeScalingType::kLinear) {
+    rope.linear_factor = c.rope_scaling.factor;
+  } else if (c.rope_scaling.type == RopeScalingType::kYarn) {
+    return absl::UnimplementedError("YaRN rope scaling is not implemented");
+  }
+  BATON_ASSIGN_OR_RETURN(runner->rope_, RopeTable::Create(rope));
+  return runner;
+}
+
+absl::Status ModelRunner::Validate(std::span<const ForwardItem> items) const {
+  const ModelConfig& c = config();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ForwardItem& item = items[i];
+    const int64_t end =
+        item.start_pos + static_cast<int64_t>(item.tokens.size());
+    if (item.table == nullptr || item.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch item ", i, " has no table or no tokens"));
+    }
+    if (item.start_pos != item.table->num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch item ", i, " starts at position ", item.start_pos,
+          " but its cache holds ", item.table->num_tokens(), " tokens"));
+    }
+    if (end > c.context_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch item ", i, " reaches position ", end,
+                       ", beyond the context length ", c.context_length));
+    }
+    if (cache_->Capacity(*item.table) < end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch item ", i, " needs ", end, " cached tokens, its table holds ",
+          cache_->Capacity(*item.table)));
+    }
+    for (int32_t token : item.tokens) {
+      if (token < 0 || token >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch item ", i, ": token id ", token,
+                         " is outside [0, ", c.vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Forward(std::span<const ForwardItem> items,
+                                  std::vector<float>* logits,
+                                  const LayerDoneFn& on_layer_done) {
+  BATON_RETURN_IF_ERROR(Validate(items));
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size;
+  tokens_ = 0;
+  for (const ForwardItem& item : items) tokens_ += item.tokens.size();
+  token_item_.resize(tokens_);
+  token_pos_.resize(tokens_);
+  x_.resize(tokens_ * hidden);
+  h_.resize(tokens_ * hidden);
+  q_.resize(tokens_ * c.num_heads * c.head_dim);
+  attn_.resize(q_.size());
+  k_.resize(tokens_ * c.kv_dim());
+  v_.resize(k_.size());
+  gate_.resize(tokens_ * c.intermediate_size);
+  up_.resize(gate_.size());
+
+  int64_t t = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t j = 0; j < items[i].tokens.size(); ++j, ++t) {
+      token_item_[t] = static_cast<int64_t>(i);
+      token_pos_[t] = items[i].start_pos + static_cast<int64_t>(j);
+      const TensorView& embd = weights_->token_embd();
+      const uint64_t row_bytes = embd.nbytes / c.vocab_size;
+      BATON_RETURN_IF_ERROR(
+          DequantizeRow(embd.dtype, embd.data + row_bytes * items[i].tokens[j],
+                        x_.data() + t * hidden, hidden));
+    }
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    BATON_RETURN_IF_ERROR(Layer(l, items));
+    if (on_layer_done) on_layer_done(l);
+  }
+  for (const ForwardItem& item : items) {
+    BATON_RETURN_IF_ERROR(cache_->SetNumTokens(
+        *item.table,
+        item.start_pos + static_cast<int64_t>(item.tokens.size())));
+  }
+
+  // Final norm and vocabulary projection for the requested rows only.
+  std::vector<int64_t> rows;
+  t = 0;
+  for (const ForwardItem& item : items) {
+    const int64_t n = item.tokens.size();
+    if (item.logits == LogitsMode::kAll) {
+      for (int64_t j = 0; j < n; ++j) rows.push_back(t + j);
+    } else if (item.logits == LogitsMode::kLast) {
+      rows.push_back(t + n - 1);
+    }
+    t += n;
+  }
+  const int64_t n_rows = rows.size();
+  for (int64_t r = 0; r < n_rows; ++r) {
+    RmsNorm(x_.data() + rows[r] * hidden, weights_->output_norm(), 1, hidden,
+            static_cast<float>(c.rms_norm_eps), h_.data() + r * hidden);
+  }
+  logits->resize(n_rows * c.vocab_size);
+  if (n_rows == 0) return absl::OkStatus();
+  return MatMul(weights_->output(), h_.data(), n_rows, logits->data(), pool_);
+}
+
+absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
+  const ModelConfig& c = config();
+  const LayerWeights& w = weights_->layers()[l];
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const int64_t kv_dim = c.kv_dim();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  RmsNorm(x_.data(), w.attn_norm, tokens_, hidden, eps, h_.data());
+  input_.Reset(h_.data(), tokens_, hidden);
+  BATON_RETURN_IF_ERROR(MatMul(w.wq, input_, q_.data(), pool_));
+  BATON_RETURN_IF_ERROR(MatMul(w.wk, input_, k_.data(), pool_));
+  BATON_RETURN_IF_ERROR(MatMul(w.wv, input_, v_.data(), pool_));
+  for (int64_t t = 0; t < tokens_; ++t) {
+    float* q = q_.data() + t * q_dim;
+    float* k = k_.data() + t * kv_dim;
+    float* v = v_.data() + t * kv_dim;
+    if (w.bq != nullptr) {
+      for (int64_t i = 0; i < q_dim; ++i) q[i] += w.bq[i];
+      for (int64_t i = 0; i < kv_dim; ++i) k[i] += w.bk[i];
+      for (int64_t i = 0; i < kv_dim; ++i) v[i] += w.bv[i];
+    }
+    rope_->Apply(q, c.num_heads, token_pos_[t]);
+    rope_->Apply(k, c.num_kv_heads, token_pos_[t]);
+    cache_->WriteKv(*items[token_item_[t]].table, l, token_pos_[t], k, v);
+  }
+  Attention(l, items);
+  BATON_RETURN_IF_ERROR(MatMul(w.wo, attn_.data(), tokens_, h_.data(), pool_));
+  for (int64_t i = 0; i < tokens_ * hidden; ++i) x_[i] += h_[i];
+
+  RmsNorm(x_.data(), w.ffn_norm, tokens_, hidden, eps, h_.data());
+  input_.Reset(h_.data(), tokens_, hidden);
+  BATON_RETURN_IF_ERROR(MatMul(w.w_gate, input_, gate_.data(), pool_));
+  BATON_RETURN_IF_ERROR(MatMul(w.w_up, input_, up_.data(), pool_));
+  SwiGlu(gate_.data(), up_.data(), tokens_ * c.intermediate_size, gate_.data());
+  BATON_RETURN_IF_ERROR(
+      MatMul(w.w_down, gate_.data(), tokens_, h_.data(), pool_));
+  for (int64_t i = 0; i < tokens_ * hidden; ++i) x_[i] += h_[i];
+  return absl::OkStatus();
+}
+
+void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
+  const ModelConfig& c = config();
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const KvLayerView layer = cache_->LayerView(l);
+  AttentionShape shape{c.num_heads,
+                       static_cast<float>(1.0 / std::sqrt(double(c.head_dim)))};
+  // Each item's block pointers for this layer.
+  std::vector<std::vector<const uint16_t*>> k_blocks(items.size()),
+      v_blocks(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (int32_t b : items[i].table->block_ids()) {
+      k_blocks[i].push_back(layer.Keys<uint16_t>(b, 0));
+      v_blocks[i].push_back(layer.Values<uint16_t>(b, 0));
+    }
+  }
+  // Causal work grows with position, so threads take tokens round-robin.
+  const int num_threads = pool_ != nullptr ? pool_->num_threads() : 1;
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) {
+      for (int64_t t = part; t < tokens_; t += num_threads) {
+        const int64_t i = token_item_[t];
+        PagedKvView kv{k_blocks[i], v_blocks[i], layer.block_size,
+                       c.num_kv_heads, c.head_dim};
+        PagedAttention(q_.data() + t * q_dim, 1, token_pos_[t], shape, kv,
+                       attn_.data() + t * q_dim);
+      }
+    }
+  };
+  if (pool_ != nullptr) {
+    pool_->ParallelFor(num_threads, work);
+  } else {
+    work(0, 1);
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,67 @@
+// What a client submits to the engine and what the engine streams back.
+#ifndef BATON_WORKER_ENGINE_REQUEST_H_
+#define BATON_WORKER_ENGINE_REQUEST_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "worker/sampler/sampler.h"
+#include "worker/sampler/sampling_params.h"
+
+namespace baton {
+
+using Clock = std::chrono::steady_clock;
+
+struct GenerationRequest {
+  std::string id;               // unique among live requests
+  std::vector<int32_t> prompt;  // token ids, already templated
+  SamplingParams params;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+absl::string_view FinishReasonName(
+    FinishReason reason);  // "stop", "length", ...
+
+struct TokenOutput {
+  int32_t token = -1;
+  std::optional<float> logprob;            // when params.logprobs is set
+  std::vector<TokenLogprob> top_logprobs;  // params.logprobs alternatives
+  std::vector<TokenProb> processed;        // params.show_probs candidates
+};
+
+struct RequestMetrics {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  Clock::time_point arrival;
+  Clock::time_point first_scheduled;
+  Clock::time_point first_token;
+  Clock::time_point finished;
+  // Seconds from arrival to the first token (time to first token).
+  double ttft_s() const;
+  // Generated tokens after the first, per second of decoding.
+  double decode_tokens_per_s() const;
+  double queue_s() const;
+};
+
+// One streamed update. Every request gets outputs until one with
+// finish_reason != kNone, which is its last.
+struct RequestOutput {
+  std::string request_id;
+  std::vector<TokenOutput> tokens;  // tokens generated since the last output
+  std::string text;                 // text that became final since the last
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status error;      // set when finish_reason == kError
+  RequestMetrics metrics;  // complete on the last output
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ENGINE_REQUEST_H_

@@ -1,0 +1,65 @@
+// Decides each engine step's batch: every running decode gets one token,
+// then waiting prompts are prefilled in chunks, first come first served, under
+// a per-step token budget (vLLM-style chunked prefill mixed with decode).
+//
+// KV blocks: a prompt's blocks are reserved in full when it is admitted, and
+// a decode reserves one more block when its next token starts one. When the
+// pool cannot grow a running sequence, the most recently admitted running
+// sequence is preempted: its blocks are freed and it goes back to the front
+// of the waiting queue to be recomputed (prompt + output so far). A prompt is
+// admitted only if the pool can hold it, so admission stops when the pool is
+// full instead of thrashing.
+#ifndef BATON_WORKER_ENGINE_SCHEDULER_H_
+#define BATON_WORKER_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "worker/engine/sequence.h"
+#include "worker/kv_cache/kv_cache.h"
+
+namespace baton {
+
+struct SchedulerOptions {
+  // Most sequences decoding at once.
+  int64_t max_num_seqs = 64;
+  // Most tokens (prefill chunk tokens + one per decode) in one step.
+  int64_t max_num_batched_tokens = 512;
+};
+
+struct ScheduledItem {
+  Sequence* seq;
+  int64_t num_tokens;  // fed this step, starting at seq->num_cached
+  bool samples;        // the step ends this sequence's uncached tokens
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, KvCache* cache)
+      : options_(options), cache_(cache) {}
+
+  void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
+  // Removes seq from whichever queue holds it and frees its blocks.
+  void Remove(Sequence* seq);
+
+  // The next step's batch (empty when there is nothing to do). Preempted
+  // sequences are reported in *preempted (their outputs so far stay valid).
+  std::vector<ScheduledItem> Schedule(std::vector<Sequence*>* preempted);
+
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+
+ private:
+  void Preempt(Sequence* seq);
+
+  SchedulerOptions options_;
+  KvCache* cache_;
+  std::deque<Sequence*> waiting_;   // FCFS; preempted ones return to front
+  std::vector<Sequence*> running_;  // admitted, in admission order
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ENGINE_SCHEDULER_H_
