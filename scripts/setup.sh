@@ -42,7 +42,7 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # The venv uses whichever python3 is first on PATH; pinned reference packages only.
@@ -50,8 +50,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
 fi
-PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0)
-if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors' 2>/dev/null; then
+PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6)
+if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors, jinja2' 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then

@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -118,43 +119,83 @@ absl::StatusOr<const Q8Activations*> MatMulInput::Quantized(ThreadPool* pool,
 
 absl::Status MatMul(const TensorView& weight, MatMulInput& input, float* y,
                     ThreadPool* pool, const MatMulOptions& options) {
-  BATON_RETURN_IF_ERROR(
-      Validate(weight, input.tokens(), input.k(), input.x(), y, options));
-  const int64_t rows = weight.shape[0];
-  const int64_t k = weight.shape[1];
+  const MatMulTarget target{&weight, y};
+  return MatMulGroup({&target, 1}, input, pool, options);
+}
+
+absl::Status MatMulGroup(std::span<const MatMulTarget> targets,
+                         MatMulInput& input, ThreadPool* pool,
+                         const MatMulOptions& options) {
   const int64_t tokens = input.tokens();
-  if (rows == 0 || tokens == 0) return absl::OkStatus();
-  const int64_t row_bytes = k / GetDTypeInfo(weight.dtype).block_size *
-                            GetDTypeInfo(weight.dtype).block_bytes;
+  // One job per weight; units of kRowsPerUnit rows numbered across all jobs
+  // so that a single parallel region covers every weight.
+  struct Job {
+    const TensorView* weight;
+    float* y;
+    int64_t rows, k, row_bytes;
+    const Q8Activations* q8;
+    void (*quant_fn)(const QuantArgs&);
+    void (*float_fn)(const FloatArgs&);
+    int64_t first_unit;
+  };
+  std::vector<Job> jobs;
+  jobs.reserve(targets.size());
   const KernelTable& kernels = Kernels(options.isa);
-
-  const Q8Activations* q8 = nullptr;
-  if (IsQuantized(weight.dtype)) {
-    BATON_ASSIGN_OR_RETURN(q8, input.Quantized(pool, options.isa));
+  int64_t units = 0, macs = 0;
+  for (const MatMulTarget& t : targets) {
+    const TensorView& weight = *t.weight;
+    BATON_RETURN_IF_ERROR(
+        Validate(weight, tokens, input.k(), input.x(), t.y, options));
+    const int64_t rows = weight.shape[0];
+    const int64_t k = weight.shape[1];
+    if (rows == 0 || tokens == 0) continue;
+    Job job{&weight,
+            t.y,
+            rows,
+            k,
+            k / GetDTypeInfo(weight.dtype).block_size *
+                GetDTypeInfo(weight.dtype).block_bytes,
+            nullptr,
+            nullptr,
+            nullptr,
+            units};
+    if (IsQuantized(weight.dtype)) {
+      BATON_ASSIGN_OR_RETURN(job.q8, input.Quantized(pool, options.isa));
+      job.quant_fn = weight.dtype == DType::kQ4_0   ? kernels.q4_0
+                     : weight.dtype == DType::kQ4_1 ? kernels.q4_1
+                                                    : kernels.q8_0;
+    } else {
+      job.float_fn = weight.dtype == DType::kF16 ? kernels.f16 : kernels.f32;
+    }
+    units += (rows + kRowsPerUnit - 1) / kRowsPerUnit;
+    macs += rows * k * tokens;
+    jobs.push_back(job);
   }
-  void (*quant_fn)(const QuantArgs&) =
-      weight.dtype == DType::kQ4_0   ? kernels.q4_0
-      : weight.dtype == DType::kQ4_1 ? kernels.q4_1
-                                     : kernels.q8_0;
-  void (*float_fn)(const FloatArgs&) =
-      weight.dtype == DType::kF16 ? kernels.f16 : kernels.f32;
+  if (units == 0) return absl::OkStatus();
 
-  const int64_t units = (rows + kRowsPerUnit - 1) / kRowsPerUnit;
   auto run = [&](int64_t unit_begin, int64_t unit_end) {
-    const int64_t r0 = unit_begin * kRowsPerUnit;
-    const int64_t r1 = std::min(rows, unit_end * kRowsPerUnit);
-    const uint8_t* w = weight.data + r0 * row_bytes;
-    for (int64_t t0 = 0; t0 < tokens; t0 += kTokensPerPass) {
-      const int64_t t1 = std::min(tokens, t0 + kTokensPerPass);
-      if (q8 != nullptr) {
-        quant_fn(QuantArgs{w, row_bytes, r1 - r0, q8, t0, t1, y + r0, rows});
-      } else {
-        float_fn(FloatArgs{w, row_bytes, r1 - r0, k, input.x(), t0, t1, y + r0,
-                           rows});
+    for (const Job& job : jobs) {
+      const int64_t job_units = (job.rows + kRowsPerUnit - 1) / kRowsPerUnit;
+      const int64_t ub = std::max(unit_begin, job.first_unit) - job.first_unit;
+      const int64_t ue =
+          std::min(unit_end, job.first_unit + job_units) - job.first_unit;
+      if (ub >= ue) continue;
+      const int64_t r0 = ub * kRowsPerUnit;
+      const int64_t r1 = std::min(job.rows, ue * kRowsPerUnit);
+      const uint8_t* w = job.weight->data + r0 * job.row_bytes;
+      for (int64_t t0 = 0; t0 < tokens; t0 += kTokensPerPass) {
+        const int64_t t1 = std::min(tokens, t0 + kTokensPerPass);
+        if (job.q8 != nullptr) {
+          job.quant_fn(QuantArgs{w, job.row_bytes, r1 - r0, job.q8, t0, t1,
+                                 job.y + r0, job.rows});
+        } else {
+          job.float_fn(FloatArgs{w, job.row_bytes, r1 - r0, job.k, input.x(),
+                                 t0, t1, job.y + r0, job.rows});
+        }
       }
     }
   };
-  if (pool != nullptr && units > 1 && rows * k * tokens >= kMinParallelMacs) {
+  if (pool != nullptr && units > 1 && macs >= kMinParallelMacs) {
     pool->ParallelFor(units, run);
   } else {
     run(0, units);

@@ -37,5 +37,5 @@ if(NOT BATON_FUZZ)
   add_executable(matmul_bench
     ${CMAKE_CURRENT_LIST_DIR}/../../bench/kernels/matmul_bench.cc)
   target_compile_options(matmul_bench PRIVATE ${BATON_WARNINGS})
-  target_link_libraries(matmul_bench PRIVATE baton_matmul)
+  target_link_libraries(matmul_bench PRIVATE baton_matmul baton_bench_util)
 endif()

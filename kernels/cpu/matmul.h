@@ -16,6 +16,7 @@
 #define BATON_KERNELS_CPU_MATMUL_H_
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,20 @@ class MatMulInput {
 // tokens > 0; FailedPrecondition if options.isa is not supported here.
 absl::Status MatMul(const TensorView& weight, MatMulInput& input, float* y,
                     ThreadPool* pool, const MatMulOptions& options = {});
+
+// One output of MatMulGroup: y [tokens, weight rows].
+struct MatMulTarget {
+  const TensorView* weight;
+  float* y;
+};
+
+// Several weights sharing one input (Q/K/V, gate/up) in a single parallel
+// region: each y = input.x() * weight^T exactly as MatMul computes it (the
+// same bits), with one thread-pool synchronisation instead of one per
+// weight. Errors as MatMul, for the first weight that has one.
+absl::Status MatMulGroup(std::span<const MatMulTarget> targets,
+                         MatMulInput& input, ThreadPool* pool,
+                         const MatMulOptions& options = {});
 
 // Convenience for a single weight: x [tokens, k].
 absl::Status MatMul(const TensorView& weight, const float* x, int64_t tokens,

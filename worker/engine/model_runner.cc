@@ -159,9 +159,9 @@ absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
 
   RmsNorm(x_.data(), w.attn_norm, tokens_, hidden, eps, h_.data());
   input_.Reset(h_.data(), tokens_, hidden);
-  BATON_RETURN_IF_ERROR(MatMul(w.wq, input_, q_.data(), pool_));
-  BATON_RETURN_IF_ERROR(MatMul(w.wk, input_, k_.data(), pool_));
-  BATON_RETURN_IF_ERROR(MatMul(w.wv, input_, v_.data(), pool_));
+  const MatMulTarget qkv[] = {
+      {&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
+  BATON_RETURN_IF_ERROR(MatMulGroup(qkv, input_, pool_));
   for (int64_t t = 0; t < tokens_; ++t) {
     float* q = q_.data() + t * q_dim;
     float* k = k_.data() + t * kv_dim;
@@ -181,8 +181,9 @@ absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
 
   RmsNorm(x_.data(), w.ffn_norm, tokens_, hidden, eps, h_.data());
   input_.Reset(h_.data(), tokens_, hidden);
-  BATON_RETURN_IF_ERROR(MatMul(w.w_gate, input_, gate_.data(), pool_));
-  BATON_RETURN_IF_ERROR(MatMul(w.w_up, input_, up_.data(), pool_));
+  const MatMulTarget gate_up[] = {{&w.w_gate, gate_.data()},
+                                  {&w.w_up, up_.data()}};
+  BATON_RETURN_IF_ERROR(MatMulGroup(gate_up, input_, pool_));
   SwiGlu(gate_.data(), up_.data(), tokens_ * c.intermediate_size, gate_.data());
   BATON_RETURN_IF_ERROR(
       MatMul(w.w_down, gate_.data(), tokens_, h_.data(), pool_));
@@ -196,32 +197,46 @@ void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
   const KvLayerView layer = cache_->LayerView(l);
   AttentionShape shape{c.num_heads,
                        static_cast<float>(1.0 / std::sqrt(double(c.head_dim)))};
-  // Each item's block pointers for this layer.
-  std::vector<std::vector<const uint16_t*>> k_blocks(items.size()),
-      v_blocks(items.size());
+  // Each item's block pointers for this layer, per KV head: attention runs
+  // per (token, KV head) so that even one decode token splits across threads.
+  const int64_t kvh = c.num_kv_heads;
+  const int64_t group = c.num_heads / kvh;
+  const uint64_t head_elems = layer.head_bytes / sizeof(uint16_t);
+  std::vector<std::vector<const uint16_t*>> k_blocks(items.size() * kvh),
+      v_blocks(items.size() * kvh);
   for (size_t i = 0; i < items.size(); ++i) {
     for (int32_t b : items[i].table->block_ids()) {
-      k_blocks[i].push_back(layer.Keys<uint16_t>(b, 0));
-      v_blocks[i].push_back(layer.Values<uint16_t>(b, 0));
+      for (int64_t g = 0; g < kvh; ++g) {
+        k_blocks[i * kvh + g].push_back(layer.Keys<uint16_t>(b, 0) +
+                                        g * head_elems);
+        v_blocks[i * kvh + g].push_back(layer.Values<uint16_t>(b, 0) +
+                                        g * head_elems);
+      }
     }
   }
-  // Causal work grows with position, so threads take tokens round-robin.
-  const int num_threads = pool_ != nullptr ? pool_->num_threads() : 1;
+  const AttentionShape group_shape{group, shape.scale};
+  const int64_t units = tokens_ * kvh;
+  // Causal work grows with position: each part takes every num_parts-th unit,
+  // and threads claim parts as they free up.
+  const int threads = pool_ != nullptr ? pool_->num_threads() : 1;
+  const int64_t num_parts = std::min<int64_t>(units, 4 * threads);
   auto work = [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
-      for (int64_t t = part; t < tokens_; t += num_threads) {
+      for (int64_t u = part; u < units; u += num_parts) {
+        const int64_t t = u / kvh, g = u % kvh;
         const int64_t i = token_item_[t];
-        PagedKvView kv{k_blocks[i], v_blocks[i], layer.block_size,
-                       c.num_kv_heads, c.head_dim};
-        PagedAttention(q_.data() + t * q_dim, 1, token_pos_[t], shape, kv,
-                       attn_.data() + t * q_dim);
+        PagedKvView kv{k_blocks[i * kvh + g], v_blocks[i * kvh + g],
+                       layer.block_size, 1, c.head_dim};
+        const int64_t offset = t * q_dim + g * group * c.head_dim;
+        PagedAttention(q_.data() + offset, 1, token_pos_[t], group_shape, kv,
+                       attn_.data() + offset);
       }
     }
   };
   if (pool_ != nullptr) {
-    pool_->ParallelFor(num_threads, work);
+    pool_->ParallelFor(num_parts, work);
   } else {
-    work(0, 1);
+    work(0, num_parts);
   }
 }
 

@@ -1,0 +1,216 @@
+// Engine throughput against the machine's limits and llama.cpp, in one run:
+//   - DRAM read bandwidth (vectorised read loop) and the decode ceiling it
+//     implies: bandwidth / bytes read per decode step;
+//   - Baton decode tokens/s at batch 1, 8 and 32 (greedy, sampling and
+//     scheduling included) and prefill tokens/s for 128- and 1024-token
+//     prompts;
+//   - llama.cpp's figures on the same file and thread count
+//     (bench/llama_cpp_bench.py via llama-cpp-python), as ratios.
+//
+//   build/bin/engine_bench --model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/common/memory_bandwidth.h"
+#include "common/test_util.h"
+#include "kernels/cpu/cpu_features.h"
+#include "model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/engine.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model (default: the default model)");
+ABSL_FLAG(int, threads, 0, "compute threads; 0 = all cores");
+ABSL_FLAG(std::string, batches, "1,8,32", "decode batch sizes");
+ABSL_FLAG(std::string, prompt_lens, "128,1024", "prefill prompt lengths");
+ABSL_FLAG(int, decode_tokens, 64, "decode steps measured per batch");
+ABSL_FLAG(int, reps, 3, "repetitions; the best is reported");
+ABSL_FLAG(bool, llama_cpp, true, "also measure llama.cpp (llama-cpp-python)");
+
+namespace baton {
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view v : absl::StrSplit(s, ',')) {
+    int x;
+    if (absl::SimpleAtoi(v, &x) && x > 0) out.push_back(x);
+  }
+  return out;
+}
+
+std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
+  std::vector<int32_t> p(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] =
+        static_cast<int32_t>(100 + (salt * 7919 + i * 104729) %
+                                       (std::min<int64_t>(vocab, 40000) - 200));
+  }
+  return p;
+}
+
+// Decode tokens/s of `batch` sequences stepping together after their
+// prefills: batch * decode_tokens / (time from the last first token to the
+// end).
+double DecodeRate(const ModelWeights& w, const Tokenizer& t, int threads,
+                  int batch, int decode_tokens) {
+  EngineOptions o;
+  o.num_threads = threads;
+  o.kv_cache_blocks = batch * ((32 + decode_tokens + 1) / 16 + 2);
+  o.scheduler.max_num_batched_tokens = 2048;
+  auto engine = Engine::Create(o, &w, &t);
+  if (!engine.ok()) return 0;
+  int first_tokens = 0;
+  Clock::time_point all_started;
+  for (int b = 0; b < batch; ++b) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.ignore_eos = true;
+    p.max_tokens = decode_tokens + 1;
+    auto s = (*engine)->Submit(
+        {std::to_string(b), Prompt(32, b, w.config().vocab_size), p},
+        [&](const RequestOutput& out) {
+          if (!out.tokens.empty() && out.metrics.generated_tokens == 0 &&
+              ++first_tokens == batch) {
+            all_started = Clock::now();
+          }
+        });
+    if (!s.ok()) return 0;
+  }
+  while (first_tokens < batch) (*engine)->Step();
+  (*engine)->RunUntilIdle();
+  return batch * decode_tokens / Seconds(Clock::now() - all_started).count();
+}
+
+// Prompt tokens/s of one prompt of n tokens (time to its first token).
+double PrefillRate(const ModelWeights& w, const Tokenizer& t, int threads,
+                   int n) {
+  EngineOptions o;
+  o.num_threads = threads;
+  o.kv_cache_blocks = n / 16 + 4;
+  o.scheduler.max_num_batched_tokens = n;
+  auto engine = Engine::Create(o, &w, &t);
+  if (!engine.ok()) return 0;
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 1;
+  double ttft = 0;
+  auto s = (*engine)->Submit({"p", Prompt(n, 1, w.config().vocab_size), p},
+                             [&](const RequestOutput& out) {
+                               if (out.finish_reason != FinishReason::kNone) {
+                                 ttft = out.metrics.ttft_s();
+                               }
+                             });
+  if (!s.ok()) return 0;
+  (*engine)->RunUntilIdle();
+  return ttft > 0 ? n / ttft : 0;
+}
+
+int Main() {
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) model = testing::DefaultModelPath();
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0)
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  const int reps = absl::GetFlag(FLAGS_reps);
+  const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
+  auto weights = ModelWeights::Open(model);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n",
+                 weights.status().ToString().c_str());
+    return 1;
+  }
+  auto tokenizer = Tokenizer::FromGguf(*(*weights)->gguf());
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n",
+                 tokenizer.status().ToString().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*weights)->config();
+  std::printf("model: %s (%s, %lld layers, hidden %lld)\n", model.c_str(),
+              c.name.c_str(), (long long)c.num_layers,
+              (long long)c.hidden_size);
+  std::printf("threads: %d, kernel path: %s\n", threads,
+              std::string(CpuIsaName(BestCpuIsa())).c_str());
+
+  ThreadPoolOptions po;
+  po.num_threads = threads;
+  auto pool = ThreadPool::Create(po);
+  const double bw = bench::ReadBandwidthGBs(pool->get(), 5);
+  // Per decode step: every matrix once, one embedding row, and (negligible
+  // at these lengths) the KV cache.
+  const double step_bytes = static_cast<double>((*weights)->matrix_bytes());
+  const double ceiling = bw * 1e9 / step_bytes;
+  std::printf(
+      "memory read bandwidth: %.1f GB/s; bytes per decode step: %.1f MiB; "
+      "decode ceiling %.0f tokens/s\n",
+      bw, step_bytes / 1048576.0, ceiling);
+
+  nlohmann::json llama;
+  if (absl::GetFlag(FLAGS_llama_cpp)) {
+    auto out = testing::RunCommand(
+        testing::PythonPath() + " " + testing::SourceDir() +
+        "/bench/llama_cpp_bench.py --model " + model + " --threads " +
+        std::to_string(threads) + " --batches " + absl::GetFlag(FLAGS_batches) +
+        " --prompt_lens " + absl::GetFlag(FLAGS_prompt_lens) +
+        " --decode_tokens " + std::to_string(decode_tokens) + " --reps " +
+        std::to_string(reps));
+    if (out.ok()) {
+      llama = nlohmann::json::parse(*out, nullptr, false);
+    } else {
+      std::fprintf(stderr, "llama.cpp run failed: %s\n",
+                   out.status().ToString().c_str());
+    }
+  }
+  auto llama_rate = [&](const char* kind, int key) -> double {
+    if (!llama.is_object() || !llama.contains(kind)) return 0;
+    auto it = llama[kind].find(std::to_string(key));
+    return it == llama[kind].end() ? 0 : it->get<double>();
+  };
+
+  std::printf("\n%-22s %12s %12s %8s %10s\n", "", "Baton tok/s", "llama.cpp",
+              "ratio", "ceiling %");
+  double batch1 = 0;
+  for (int b : ParseList(absl::GetFlag(FLAGS_batches))) {
+    double best = 0;
+    for (int r = 0; r < reps; ++r) {
+      best = std::max(
+          best, DecodeRate(**weights, **tokenizer, threads, b, decode_tokens));
+    }
+    if (b == 1) batch1 = best;
+    const double ref = llama_rate("decode", b);
+    std::printf("%-22s %12.1f %12.1f %8.2f %9.0f%%",
+                ("decode, batch " + std::to_string(b)).c_str(), best, ref,
+                ref > 0 ? best / ref : 0, 100 * best / b / ceiling);
+    if (b != 1 && batch1 > 0) std::printf("   %.2fx batch 1", best / batch1);
+    std::printf("\n");
+  }
+  for (int n : ParseList(absl::GetFlag(FLAGS_prompt_lens))) {
+    double best = 0;
+    for (int r = 0; r < reps; ++r) {
+      best = std::max(best, PrefillRate(**weights, **tokenizer, threads, n));
+    }
+    const double ref = llama_rate("prefill", n);
+    std::printf("%-22s %12.1f %12.1f %8.2f\n",
+                ("prefill, " + std::to_string(n) + " tokens").c_str(), best,
+                ref, ref > 0 ? best / ref : 0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return baton::Main();
+}
