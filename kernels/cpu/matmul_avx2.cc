@@ -9,7 +9,9 @@
 
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own
 // intrinsics as (maybe-)uninitialized once they are inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>

@@ -31,8 +31,20 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// Resolves tensors by role for one file format.
-using Lookup = std::function<absl::StatusOr<TensorView>(const std::string&)>;
+// Per-layer tensor names of the two formats: prefix + layer + "." + suffix.
+constexpr LayerTensorNames kGgufLayerNames = {
+    "blk.",           "attn_norm.weight",   "attn_q.weight",   "attn_k.weight",
+    "attn_v.weight",  "attn_output.weight", "attn_q.bias",     "attn_k.bias",
+    "attn_v.bias",    "ffn_norm.weight",    "ffn_gate.weight", "ffn_up.weight",
+    "ffn_down.weight"};
+constexpr LayerTensorNames kHfLayerNames = {
+    "model.layers.",           "input_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_proj.bias",   "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",   "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight"};
 
 }  // namespace
 
@@ -94,7 +106,7 @@ absl::Status ModelWeights::LoadGguf(const std::string& path) {
   BATON_ASSIGN_OR_RETURN(config_, ModelConfigFromGguf(*gguf_));
   const ModelConfig& c = config_;
   const GgufFile& f = *gguf_;
-  auto get = [&](const std::string& name) { return f.GetTensor(name); };
+  TensorLookup get = [&](const std::string& name) { return f.GetTensor(name); };
   BATON_ASSIGN_OR_RETURN(token_embd_, get("token_embd.weight"));
   if (token_embd_.shape != std::vector<int64_t>{c.vocab_size, c.hidden_size}) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,44 +126,7 @@ absl::Status ModelWeights::LoadGguf(const std::string& path) {
     BATON_ASSIGN_OR_RETURN(const float* values, Vector(freqs, c.rope_dim / 2));
     rope_freqs_.assign(values, values + c.rope_dim / 2);
   }
-  const int64_t q_dim = c.num_heads * c.head_dim;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    auto name = [&](const char* suffix) {
-      return absl::StrCat("blk.", l, ".", suffix);
-    };
-    LayerWeights w;
-    BATON_ASSIGN_OR_RETURN(TensorView t, get(name("attn_norm.weight")));
-    BATON_ASSIGN_OR_RETURN(w.attn_norm, Vector(t, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("attn_q.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wq, Matrix(t, q_dim, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("attn_k.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wk, Matrix(t, c.kv_dim(), c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("attn_v.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wv, Matrix(t, c.kv_dim(), c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("attn_output.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wo, Matrix(t, c.hidden_size, q_dim));
-    if (c.attention_bias) {
-      BATON_ASSIGN_OR_RETURN(t, get(name("attn_q.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bq, Vector(t, q_dim));
-      BATON_ASSIGN_OR_RETURN(t, get(name("attn_k.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bk, Vector(t, c.kv_dim()));
-      BATON_ASSIGN_OR_RETURN(t, get(name("attn_v.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bv, Vector(t, c.kv_dim()));
-    }
-    BATON_ASSIGN_OR_RETURN(t, get(name("ffn_norm.weight")));
-    BATON_ASSIGN_OR_RETURN(w.ffn_norm, Vector(t, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("ffn_gate.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_gate,
-                           Matrix(t, c.intermediate_size, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("ffn_up.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_up,
-                           Matrix(t, c.intermediate_size, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("ffn_down.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_down,
-                           Matrix(t, c.hidden_size, c.intermediate_size));
-    layers_.push_back(w);
-  }
-  return absl::OkStatus();
+  return LoadLayers(get, kGgufLayerNames);
 }
 
 absl::Status ModelWeights::LoadSafetensors(const std::string& path) {
@@ -160,7 +135,7 @@ absl::Status ModelWeights::LoadSafetensors(const std::string& path) {
   BATON_ASSIGN_OR_RETURN(
       config_, ModelConfigFromHfConfigFile(safetensors_->config_json_path()));
   const ModelConfig& c = config_;
-  auto get = [&](const std::string& name) {
+  TensorLookup get = [&](const std::string& name) {
     return safetensors_->GetTensor(name);
   };
   BATON_ASSIGN_OR_RETURN(TensorView embed, get("model.embed_tokens.weight"));
@@ -176,41 +151,44 @@ absl::Status ModelWeights::LoadSafetensors(const std::string& path) {
   }
   BATON_ASSIGN_OR_RETURN(TensorView norm, get("model.norm.weight"));
   BATON_ASSIGN_OR_RETURN(output_norm_, Vector(norm, c.hidden_size));
+  return LoadLayers(get, kHfLayerNames);
+}
+
+absl::Status ModelWeights::LoadLayers(const TensorLookup& get,
+                                      const LayerTensorNames& names) {
+  const ModelConfig& c = config_;
   const int64_t q_dim = c.num_heads * c.head_dim;
+  const int64_t hidden = c.hidden_size, kv = c.kv_dim(),
+                ffn = c.intermediate_size;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    auto name = [&](const char* suffix) {
-      return absl::StrCat("model.layers.", l, ".", suffix);
+    auto tensor = [&](const char* suffix) {
+      return get(absl::StrCat(names.prefix, l, ".", suffix));
+    };
+    auto vector = [&](const char* suffix,
+                      int64_t n) -> absl::StatusOr<const float*> {
+      BATON_ASSIGN_OR_RETURN(TensorView t, tensor(suffix));
+      return Vector(t, n);
+    };
+    auto matrix = [&](const char* suffix, int64_t rows,
+                      int64_t cols) -> absl::StatusOr<TensorView> {
+      BATON_ASSIGN_OR_RETURN(TensorView t, tensor(suffix));
+      return Matrix(t, rows, cols);
     };
     LayerWeights w;
-    BATON_ASSIGN_OR_RETURN(TensorView t, get(name("input_layernorm.weight")));
-    BATON_ASSIGN_OR_RETURN(w.attn_norm, Vector(t, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.q_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wq, Matrix(t, q_dim, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.k_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wk, Matrix(t, c.kv_dim(), c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.v_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wv, Matrix(t, c.kv_dim(), c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.o_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.wo, Matrix(t, c.hidden_size, q_dim));
+    BATON_ASSIGN_OR_RETURN(w.attn_norm, vector(names.attn_norm, hidden));
+    BATON_ASSIGN_OR_RETURN(w.wq, matrix(names.wq, q_dim, hidden));
+    BATON_ASSIGN_OR_RETURN(w.wk, matrix(names.wk, kv, hidden));
+    BATON_ASSIGN_OR_RETURN(w.wv, matrix(names.wv, kv, hidden));
+    BATON_ASSIGN_OR_RETURN(w.wo, matrix(names.wo, hidden, q_dim));
     if (c.attention_bias) {
-      BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.q_proj.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bq, Vector(t, q_dim));
-      BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.k_proj.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bk, Vector(t, c.kv_dim()));
-      BATON_ASSIGN_OR_RETURN(t, get(name("self_attn.v_proj.bias")));
-      BATON_ASSIGN_OR_RETURN(w.bv, Vector(t, c.kv_dim()));
+      BATON_ASSIGN_OR_RETURN(w.bq, vector(names.bq, q_dim));
+      BATON_ASSIGN_OR_RETURN(w.bk, vector(names.bk, kv));
+      BATON_ASSIGN_OR_RETURN(w.bv, vector(names.bv, kv));
     }
-    BATON_ASSIGN_OR_RETURN(t, get(name("post_attention_layernorm.weight")));
-    BATON_ASSIGN_OR_RETURN(w.ffn_norm, Vector(t, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("mlp.gate_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_gate,
-                           Matrix(t, c.intermediate_size, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("mlp.up_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_up,
-                           Matrix(t, c.intermediate_size, c.hidden_size));
-    BATON_ASSIGN_OR_RETURN(t, get(name("mlp.down_proj.weight")));
-    BATON_ASSIGN_OR_RETURN(w.w_down,
-                           Matrix(t, c.hidden_size, c.intermediate_size));
+    BATON_ASSIGN_OR_RETURN(w.ffn_norm, vector(names.ffn_norm, hidden));
+    BATON_ASSIGN_OR_RETURN(w.w_gate, matrix(names.w_gate, ffn, hidden));
+    BATON_ASSIGN_OR_RETURN(w.w_up, matrix(names.w_up, ffn, hidden));
+    BATON_ASSIGN_OR_RETURN(w.w_down, matrix(names.w_down, hidden, ffn));
     layers_.push_back(w);
   }
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 #ifndef BATON_WORKER_ENGINE_MODEL_WEIGHTS_H_
 #define BATON_WORKER_ENGINE_MODEL_WEIGHTS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,19 @@ struct LayerWeights {
   TensorView w_gate, w_up;          // [ffn, hidden]
   TensorView w_down;                // [hidden, ffn]
 };
+
+// Names of one layer's tensors in a file format.
+struct LayerTensorNames {
+  const char* prefix;  // followed by the layer index and "."
+  const char* attn_norm;
+  const char *wq, *wk, *wv, *wo;
+  const char *bq, *bk, *bv;
+  const char* ffn_norm;
+  const char *w_gate, *w_up, *w_down;
+};
+
+using TensorLookup =
+    std::function<absl::StatusOr<TensorView>(const std::string& name)>;
 
 class ModelWeights {
  public:
@@ -60,6 +74,9 @@ class ModelWeights {
   ModelWeights() = default;
   absl::Status LoadGguf(const std::string& path);
   absl::Status LoadSafetensors(const std::string& path);
+  // Every layer's tensors, resolved through `get` by `names`.
+  absl::Status LoadLayers(const TensorLookup& get,
+                          const LayerTensorNames& names);
   // A matrix for MatMul: `view` itself if its type is supported, else a
   // converted f32 copy kept alive here. Checks the shape.
   absl::StatusOr<TensorView> Matrix(const TensorView& view, int64_t rows,
