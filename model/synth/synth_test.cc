@@ -170,6 +170,13 @@ TEST_F(SynthSmolLM2Test, LoadsInLlamaCpp) {
   std::string python = testing::PythonPath();
   ASSERT_FALSE(python.empty())
       << "BATON_PYTHON is not set; run scripts/setup.sh";
+  // llama.cpp builds from source (minutes), so the default setup and CI
+  // leave it out; the engine's llama.cpp checks use committed golden files.
+  if (!testing::RunCommand(absl::StrCat(python, " -c 'import llama_cpp'"))
+           .ok()) {
+    GTEST_SKIP() << "llama-cpp-python is not installed; run "
+                    "scripts/setup.sh --references to include this check";
+  }
   std::string script = TempPath("llama.py");
   std::ofstream(script) << kLlamaScript;
   auto out =
