@@ -5,8 +5,9 @@
 
 OUT_DIR/gguf: a tiny GGUF written by the `gguf` package (every metadata
 type, two tensors); OUT_DIR/safetensors: a tiny file written by the
-`safetensors` package; OUT_DIR/tokenizer: lines of the tokenizer corpus.
+`safetensors` package; OUT_DIR/tokenizer: the strings of the tokenizer corpus.
 """
+import base64
 import json
 import os
 import sys
@@ -39,14 +40,12 @@ def safetensors_seed(path):
 
 
 def tokenizer_seeds(directory, corpus):
-    if not os.path.exists(corpus):
-        return
-    with open(corpus, "rb") as f:
+    """One seed per string of the tokenizer corpus (JSON lines, base64)."""
+    with open(corpus) as f:
         for i, line in enumerate(f):
-            if i >= 200:
-                break
-            with open(os.path.join(directory, f"line{i:03d}"), "wb") as out:
-                out.write(line.rstrip(b"\n"))
+            entry = json.loads(line)
+            with open(os.path.join(directory, f"corpus{i:03d}"), "wb") as out:
+                out.write(base64.b64decode(entry["b64"]))
 
 
 def main():
@@ -59,7 +58,7 @@ def main():
     with open(os.path.join(out, "tokenizer", "seed_chat"), "w") as f:
         f.write("<|im_start|>user\nHello, world! 12345 héllo 日本語 🙂<|im_end|>\n")
     tokenizer_seeds(os.path.join(out, "tokenizer"),
-                    os.path.join(root, "tests", "data", "tokenizer", "fuzz_seed_lines.txt"))
+                    os.path.join(root, "tests", "data", "tokenizer", "corpus.jsonl"))
     json.dump({"ok": True}, sys.stdout)
 
 
