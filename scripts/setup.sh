@@ -28,7 +28,7 @@ APT_PACKAGES=(
   clang llvm libclang-rt-14-dev clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libopenblas-dev
+  nlohmann-json3-dev libpcre2-dev libopenblas-dev libxxhash-dev
   python3-venv python3-pip unzip
 )
 

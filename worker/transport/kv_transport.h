@@ -1,0 +1,138 @@
+// The KV transport interface: moves one request's KV cache from a prefill
+// worker's KvCache into a decode worker's KvCache, layer by layer, as each
+// layer finishes. Implementations (host TCP today; NCCL and CUDA IPC later)
+// sit behind KvSender / KvReceiver.
+//
+// One transfer = one sender, identified by a transfer id the coordinator hands
+// to both sides. The decode worker reserves the destination blocks BEFORE the
+// transfer starts and registers them under the transfer id; the receiver finds
+// them through KvReceiverCallbacks::lookup when the first frame arrives.
+//
+// Sender side, per transfer:
+//   SendLayer(header for layer 0, bytes) ... SendLayer(layer L-1) ; Finish()
+//   (or Abort(status) at any point). Finish returns once the receiver has
+//   imported every layer and reported completion, or with its error.
+// Receiver side: every layer header is validated BEFORE any byte of that
+// layer is written into the pool (ValidateLayerHeader below, then the payload
+// checksum); after a rejection nothing more of the transfer is written.
+#ifndef BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_
+#define BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/kv_cache/block_table.h"
+#include "worker/kv_cache/kv_cache.h"
+#include "worker/kv_cache/kv_layout.h"
+
+namespace baton {
+
+// Longest request id / model id a header may carry, in bytes.
+inline constexpr size_t kKvMaxIdBytes = 256;
+
+// Describes one layer of one transfer. The payload is the layer as produced
+// by KvCache::ExportLayer: BlocksNeeded(num_tokens) chunks of
+// layout.chunk_bytes(), in block-table order.
+struct KvTransferHeader {
+  uint64_t transfer_id = 0;
+  std::string request_id;      // at most kKvMaxIdBytes bytes
+  std::string model_id;        // at most kKvMaxIdBytes bytes
+  KvLayout layout;             // the sender's pool layout
+  int64_t num_tokens = 0;      // tokens of the sequence carried by every layer
+  int64_t layer = 0;           // in [0, layout.num_layers)
+  uint64_t payload_bytes = 0;  // == payload.size()
+  uint64_t checksum = 0;       // KvChecksum(payload)
+};
+
+// 64-bit checksum of a layer payload: XXH3-64 (seed 0) of the bytes, as
+// defined by xxHash 0.8 (libxxhash). Runs at memory speed.
+uint64_t KvChecksum(std::span<const uint8_t> bytes);
+
+// Sends one transfer. Not thread-safe: one thread drives a sender.
+class KvSender {
+ public:
+  virtual ~KvSender() = default;
+
+  // Ships one layer. header.transfer_id must be this sender's transfer,
+  // header.payload_bytes == payload.size() and header.checksum ==
+  // KvChecksum(payload) (the receiver rejects a mismatch with DataLoss).
+  // Returns the receiver's error as soon as the receiver has rejected the
+  // transfer (its code kept, message prefixed), DeadlineExceeded if the peer
+  // makes no progress for the stall timeout, Unavailable if it disconnected.
+  // After an error every later call returns the same error.
+  virtual absl::Status SendLayer(const KvTransferHeader& header,
+                                 std::span<const uint8_t> payload) = 0;
+
+  // Ends the transfer and waits for the receiver's verdict: OK once every
+  // layer has been imported and the receiver reported completion; otherwise
+  // the receiver's error (e.g. FailedPrecondition naming a missing layer).
+  virtual absl::Status Finish() = 0;
+
+  // Abandons the transfer: the receiver reports `reason` (same code, message
+  // prefixed) and writes nothing more. Best effort, never blocks longer than
+  // the stall timeout. No-op after Finish or a previous Abort.
+  virtual void Abort(absl::Status reason) = 0;
+};
+
+// Where the receiver writes one transfer; returned by the lookup callback.
+// The pointed-to objects must stay alive, and the table must not be freed or
+// resized, until on_done has been called for this transfer id.
+struct KvTransferTarget {
+  KvCache* cache = nullptr;
+  const BlockTable* table = nullptr;  // reserved for >= num_tokens tokens
+  KvLayout expected_layout;           // usually cache->layout()
+  int64_t num_tokens = 0;             // tokens every layer must carry
+  // If non-empty, headers must carry exactly this model id.
+  std::string expected_model_id;
+  // Optional: the receiver holds it in shared (reader) mode around each
+  // ImportLayer, so an owner that takes it exclusively around Reserve /
+  // SetNumTokens / Free on the same cache never races an import.
+  absl::Mutex* cache_mutex = nullptr;
+};
+
+// Callbacks run on the receiver's connection threads, possibly concurrently
+// for different transfers; they must be thread-safe and must not block long.
+struct KvReceiverCallbacks {
+  // Required. NotFound (or any error) rejects the transfer; the error is
+  // sent back to the sender.
+  std::function<absl::StatusOr<KvTransferTarget>(uint64_t transfer_id)> lookup;
+  // Optional: `layer` of the transfer has been imported.
+  std::function<void(uint64_t transfer_id, int64_t layer)> on_layer;
+  // Required. Called exactly once for every transfer whose first frame
+  // carried a transfer id (including ids lookup rejected): OK when every
+  // layer has landed (the caller may then SetNumTokens(num_tokens)), or the
+  // error that ended it. After it returns the receiver no longer touches the
+  // target, so the caller may Free the table.
+  std::function<void(uint64_t transfer_id, absl::Status status)> on_done;
+};
+
+// Accepts transfers on a listening endpoint until destroyed. Destruction
+// ends in-flight transfers (on_done gets Cancelled), joins every thread and
+// closes every socket before returning.
+class KvReceiver {
+ public:
+  virtual ~KvReceiver() = default;
+  // Address senders connect to, e.g. "127.0.0.1:40123".
+  virtual std::string endpoint() const = 0;
+};
+
+// Checks a layer header against its target before any byte is written:
+// layout (CheckLayoutMatches), model id, layer range, num_tokens and
+// payload_bytes == cache->LayerBytesForTokens(num_tokens). InvalidArgument
+// naming the field, the received and the expected value, and the transfer.
+absl::Status ValidateLayerHeader(const KvTransferHeader& header,
+                                 const KvTransferTarget& target);
+
+// `status` with its code kept and `prefix` prepended to its message.
+absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_

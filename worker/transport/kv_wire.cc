@@ -1,0 +1,111 @@
+#include "worker/transport/kv_wire.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+template <typename T>
+void Put(uint8_t* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out[i] = static_cast<uint8_t>(static_cast<uint64_t>(value) >> (8 * i));
+  }
+}
+
+template <typename T>
+T Get(const uint8_t* in) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    v |= static_cast<uint64_t>(in[i]) << (8 * i);
+  }
+  return static_cast<T>(v);
+}
+
+}  // namespace
+
+KvFrameBytes EncodeKvFrame(const KvFrame& frame) {
+  KvFrameBytes b{};
+  const KvTransferHeader& h = frame.header;
+  Put<uint32_t>(&b[0], kKvWireMagic);
+  Put<uint16_t>(&b[4], kKvWireVersion);
+  Put<uint16_t>(&b[6], static_cast<uint16_t>(frame.kind));
+  Put<uint64_t>(&b[8], h.transfer_id);
+  Put<uint32_t>(&b[16], static_cast<uint32_t>(h.layer));
+  Put<uint32_t>(&b[20], static_cast<uint32_t>(h.layout.num_layers));
+  Put<uint32_t>(&b[24], static_cast<uint32_t>(h.layout.num_kv_heads));
+  Put<uint32_t>(&b[28], static_cast<uint32_t>(h.layout.head_dim));
+  Put<uint32_t>(&b[32], static_cast<uint32_t>(h.layout.block_size));
+  Put<uint32_t>(&b[36], static_cast<uint32_t>(h.layout.dtype));
+  Put<uint64_t>(&b[40], static_cast<uint64_t>(h.num_tokens));
+  Put<uint64_t>(&b[48], h.payload_bytes);
+  Put<uint64_t>(&b[56], h.checksum);
+  Put<uint16_t>(&b[64], static_cast<uint16_t>(h.request_id.size()));
+  Put<uint16_t>(&b[66], static_cast<uint16_t>(h.model_id.size()));
+  Put<uint32_t>(&b[68], frame.status_code);
+  return b;
+}
+
+absl::StatusOr<KvFrame> DecodeKvFrame(
+    std::span<const uint8_t, kKvFrameHeaderBytes> bytes) {
+  const uint8_t* b = bytes.data();
+  const uint32_t magic = Get<uint32_t>(b);
+  if (magic != kKvWireMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: magic 0x", absl::Hex(magic), " vs expected 0x",
+                     absl::Hex(kKvWireMagic)));
+  }
+  const uint16_t version = Get<uint16_t>(b + 4);
+  if (version != kKvWireVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV frame: version ", version, " vs supported ", kKvWireVersion));
+  }
+  KvFrame f;
+  const uint16_t kind = Get<uint16_t>(b + 6);
+  if (kind < 1 || kind > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: kind ", kind, " must be in [1, 4]"));
+  }
+  f.kind = static_cast<KvFrameKind>(kind);
+  KvTransferHeader& h = f.header;
+  h.transfer_id = Get<uint64_t>(b + 8);
+  h.layer = Get<uint32_t>(b + 16);
+  h.layout.num_layers = Get<uint32_t>(b + 20);
+  h.layout.num_kv_heads = Get<uint32_t>(b + 24);
+  h.layout.head_dim = Get<uint32_t>(b + 28);
+  h.layout.block_size = Get<uint32_t>(b + 32);
+  h.layout.dtype = static_cast<DType>(Get<uint32_t>(b + 36));
+  h.num_tokens = static_cast<int64_t>(Get<uint64_t>(b + 40));
+  h.payload_bytes = Get<uint64_t>(b + 48);
+  h.checksum = Get<uint64_t>(b + 56);
+  f.request_id_bytes = Get<uint16_t>(b + 64);
+  f.model_id_bytes = Get<uint16_t>(b + 66);
+  f.status_code = Get<uint32_t>(b + 68);
+  if (f.request_id_bytes > kKvMaxIdBytes || f.model_id_bytes > kKvMaxIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: request_id length ", f.request_id_bytes,
+                     " / model_id length ", f.model_id_bytes,
+                     " must be <= ", kKvMaxIdBytes));
+  }
+  if (f.kind == KvFrameKind::kLayer) {
+    if (absl::Status s = h.layout.Validate(); !s.ok()) return s;
+    if (h.num_tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV frame: num_tokens ", h.num_tokens, " must be >= 0"));
+    }
+  } else if (f.kind == KvFrameKind::kFinish) {
+    if (h.payload_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV frame: finish payload_bytes ", h.payload_bytes, " must be 0"));
+    }
+  } else if (f.status_code > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV frame: status code ", f.status_code, " must be in [0, 16]"));
+  } else if (h.payload_bytes > kKvMaxMessageBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: status message of ", h.payload_bytes,
+                     " bytes exceeds ", kKvMaxMessageBytes));
+  }
+  return f;
+}
+
+}  // namespace baton

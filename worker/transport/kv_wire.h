@@ -1,0 +1,75 @@
+// The TCP KV transport's frame format. Every frame is a fixed 72-byte
+// little-endian header, then `id_bytes` of request id and model id, then
+// `payload_bytes` of payload:
+//
+//   off size field
+//     0    4 magic 0x5456_4B42 ("BKVT" in memory)
+//     4    2 version (1)
+//     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status
+//     8    8 transfer_id
+//    16    4 layer
+//    20    4 layout.num_layers
+//    24    4 layout.num_kv_heads
+//    28    4 layout.head_dim
+//    32    4 layout.block_size
+//    36    4 layout.dtype (ggml type id)
+//    40    8 num_tokens (two's complement)
+//    48    8 payload_bytes
+//    56    8 checksum (KvChecksum of the payload; layer frames only)
+//    64    2 request_id length  (<= kKvMaxIdBytes)
+//    66    2 model_id length    (<= kKvMaxIdBytes)
+//    68    4 status code (absl::StatusCode; abort and status frames)
+//
+// Layer frames carry a layer payload; abort and status frames carry the
+// status message (<= kKvMaxMessageBytes) as payload; finish frames none.
+// Sender to receiver: layer*, then finish or abort. Receiver to sender: one
+// status frame (OK after finish, or the error that ended the transfer).
+#ifndef BATON_WORKER_TRANSPORT_KV_WIRE_H_
+#define BATON_WORKER_TRANSPORT_KV_WIRE_H_
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/transport/kv_transport.h"
+
+namespace baton {
+
+inline constexpr uint32_t kKvWireMagic = 0x54564B42;
+inline constexpr uint16_t kKvWireVersion = 1;
+inline constexpr size_t kKvFrameHeaderBytes = 72;
+inline constexpr size_t kKvMaxMessageBytes = 4096;
+
+enum class KvFrameKind : uint16_t {
+  kLayer = 1,
+  kFinish = 2,
+  kAbort = 3,
+  kStatus = 4,
+};
+
+// A decoded frame header. For layer frames `header` is complete once the
+// id strings (header.request_id/model_id) are read after the fixed part.
+struct KvFrame {
+  KvFrameKind kind = KvFrameKind::kLayer;
+  KvTransferHeader header;  // request_id / model_id not filled by decode
+  uint16_t request_id_bytes = 0;
+  uint16_t model_id_bytes = 0;
+  uint32_t status_code = 0;
+};
+
+using KvFrameBytes = std::array<uint8_t, kKvFrameHeaderBytes>;
+
+// REQUIRES: request/model ids within kKvMaxIdBytes (string lengths of
+// frame.header are written, frame.request_id_bytes etc. are ignored).
+KvFrameBytes EncodeKvFrame(const KvFrame& frame);
+
+// InvalidArgument naming the field for a bad magic, version, kind, id
+// length, message length, or a layout/num_tokens out of range.
+absl::StatusOr<KvFrame> DecodeKvFrame(
+    std::span<const uint8_t, kKvFrameHeaderBytes> bytes);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_TRANSPORT_KV_WIRE_H_

@@ -1,0 +1,406 @@
+#include "worker/transport/tcp_kv_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace baton {
+namespace {
+
+// How long a receiver lingers after sending an error, draining the sender's
+// bytes so the sender reads the error instead of a reset.
+constexpr absl::Duration kMaxLinger = absl::Seconds(2);
+
+// Sends a status (or abort) frame; best effort, bounded by io.
+absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
+                             const absl::Status& status,
+                             const SocketIoOptions& io) {
+  KvFrame f;
+  f.kind = kind;
+  f.header.transfer_id = transfer_id;
+  f.status_code = static_cast<uint32_t>(status.code());
+  absl::string_view msg = status.message();
+  msg = msg.substr(0, kKvMaxMessageBytes);
+  f.header.payload_bytes = msg.size();
+  KvFrameBytes bytes = EncodeKvFrame(f);
+  iovec iov[2] = {{bytes.data(), bytes.size()},
+                  {const_cast<char*>(msg.data()), msg.size()}};
+  return SendAllV(fd, iov, 2, io, "sending KV status frame");
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------- sender
+
+absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
+    absl::string_view endpoint, uint64_t transfer_id,
+    const TcpKvSenderOptions& options) {
+  BATON_ASSIGN_OR_RETURN(UniqueFd fd,
+                         TcpConnect(endpoint, options.stall_timeout));
+  return std::unique_ptr<TcpKvSender>(
+      new TcpKvSender(std::move(fd), transfer_id, options));
+}
+
+TcpKvSender::TcpKvSender(UniqueFd fd, uint64_t transfer_id,
+                         const TcpKvSenderOptions& options)
+    : fd_(std::move(fd)), transfer_id_(transfer_id), options_(options) {}
+
+TcpKvSender::~TcpKvSender() {
+  if (!done_) Abort(absl::CancelledError("sender destroyed before Finish"));
+}
+
+absl::Status TcpKvSender::Fail(absl::Status status) {
+  if (error_.ok()) error_ = std::move(status);
+  fd_.Reset();
+  return error_;
+}
+
+absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd_.get(), bytes, io, "reading the KV receiver's verdict"));
+  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+  if (f.kind != KvFrameKind::kStatus) {
+    return absl::InternalError(absl::StrCat("KV receiver sent frame kind ",
+                                            static_cast<int>(f.kind),
+                                            " instead of a status"));
+  }
+  std::string msg(f.header.payload_bytes, '\0');
+  BATON_RETURN_IF_ERROR(RecvExact(
+      fd_.get(),
+      std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
+      io, "reading the KV receiver's verdict message"));
+  if (f.status_code == 0) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(f.status_code),
+      absl::StrCat("KV receiver rejected transfer ", transfer_id_, ": ", msg));
+}
+
+absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
+                                    std::span<const uint8_t> payload) {
+  if (!error_.ok()) return error_;
+  if (done_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV transfer ", transfer_id_, ": SendLayer after Finish/Abort"));
+  }
+  // Caller errors: nothing is sent, the transfer stays usable.
+  if (header.transfer_id != transfer_id_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV header transfer_id ", header.transfer_id,
+                     " vs this sender's ", transfer_id_));
+  }
+  if (header.payload_bytes != payload.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV header payload_bytes ", header.payload_bytes,
+                     " vs payload size ", payload.size()));
+  }
+  if (header.request_id.size() > kKvMaxIdBytes ||
+      header.model_id.size() > kKvMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV header request_id / model_id longer than ", kKvMaxIdBytes));
+  }
+  // An early verdict (the receiver rejected an earlier layer) is readable.
+  pollfd pfd{fd_.get(), POLLIN, 0};
+  if (poll(&pfd, 1, 0) > 0) {
+    SocketIoOptions io;
+    io.stall_timeout = options_.stall_timeout;
+    absl::Status verdict = ReadVerdict(io);
+    if (verdict.ok()) {
+      verdict = absl::InternalError(absl::StrCat(
+          "KV receiver ended transfer ", transfer_id_, " before Finish"));
+    }
+    return Fail(verdict);
+  }
+  KvFrame f;
+  f.kind = KvFrameKind::kLayer;
+  f.header = header;
+  KvFrameBytes bytes = EncodeKvFrame(f);
+  std::string ids = header.request_id + header.model_id;
+  iovec iov[3] = {{bytes.data(), bytes.size()},
+                  {ids.data(), ids.size()},
+                  {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  absl::Status s = SendAllV(fd_.get(), iov, 3, io,
+                            absl::StrCat("sending KV layer ", header.layer,
+                                         " of transfer ", transfer_id_));
+  if (!s.ok() && absl::IsUnavailable(s)) {
+    // The receiver may have said why before closing.
+    SocketIoOptions quick;
+    quick.stall_timeout = absl::Milliseconds(100);
+    absl::Status verdict = ReadVerdict(quick);
+    if (!verdict.ok() && !absl::IsUnavailable(verdict) &&
+        !absl::IsDeadlineExceeded(verdict)) {
+      s = verdict;
+    }
+  }
+  if (!s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status TcpKvSender::Finish() {
+  if (!error_.ok()) return error_;
+  if (done_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV transfer ", transfer_id_, ": Finish after Finish/Abort"));
+  }
+  done_ = true;
+  KvFrame f;
+  f.kind = KvFrameKind::kFinish;
+  f.header.transfer_id = transfer_id_;
+  KvFrameBytes bytes = EncodeKvFrame(f);
+  iovec iov[1] = {{bytes.data(), bytes.size()}};
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  absl::Status sent = SendAllV(fd_.get(), iov, 1, io, "sending KV finish");
+  // Even if the send failed, the receiver may have left a verdict.
+  absl::Status verdict = ReadVerdict(io);
+  if (!verdict.ok()) return Fail(sent.ok() ? verdict : sent);
+  if (!sent.ok()) return Fail(sent);
+  fd_.Reset();
+  return absl::OkStatus();
+}
+
+void TcpKvSender::Abort(absl::Status reason) {
+  if (done_ || fd_.get() < 0) {
+    done_ = true;
+    return;
+  }
+  done_ = true;
+  if (reason.ok()) reason = absl::CancelledError("aborted by sender");
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  SendStatusFrame(fd_.get(), KvFrameKind::kAbort, transfer_id_, reason, io)
+      .IgnoreError();
+  Fail(PrefixStatus(absl::StrCat("KV transfer ", transfer_id_, " aborted: "),
+                    reason))
+      .IgnoreError();
+}
+
+// --------------------------------------------------------------- receiver
+
+absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Start(
+    const TcpKvReceiverOptions& options, KvReceiverCallbacks callbacks) {
+  if (!callbacks.lookup || !callbacks.on_done) {
+    return absl::InvalidArgumentError(
+        "KvReceiverCallbacks: lookup and on_done are required");
+  }
+  if (options.stall_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "TcpKvReceiverOptions.stall_timeout must be > 0");
+  }
+  int port = 0;
+  BATON_ASSIGN_OR_RETURN(UniqueFd listen_fd,
+                         TcpListen(options.host, options.port, &port));
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (wake.get() < 0) return absl::InternalError("eventfd failed");
+  return std::unique_ptr<TcpKvReceiver>(
+      new TcpKvReceiver(options, std::move(callbacks), std::move(listen_fd),
+                        port, std::move(wake)));
+}
+
+TcpKvReceiver::TcpKvReceiver(const TcpKvReceiverOptions& options,
+                             KvReceiverCallbacks callbacks, UniqueFd listen_fd,
+                             int port, UniqueFd wake_fd)
+    : options_(options),
+      callbacks_(std::move(callbacks)),
+      listen_fd_(std::move(listen_fd)),
+      port_(port),
+      wake_fd_(std::move(wake_fd)) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+TcpKvReceiver::~TcpKvReceiver() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
+  acceptor_.join();
+  Reap(/*all=*/true);
+}
+
+std::string TcpKvReceiver::endpoint() const {
+  return absl::StrCat(options_.host, ":", port_);
+}
+
+void TcpKvReceiver::Reap(bool all) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (all || it->done.load(std::memory_order_acquire)) {
+      it->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpKvReceiver::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
+                     {wake_fd_.get(), POLLIN, 0}};
+    const int rc = poll(fds, 2, 1000);
+    if (fds[1].revents != 0) return;
+    Reap(/*all=*/false);
+    if (rc <= 0 || fds[0].revents == 0) continue;
+    int fd = accept4(listen_fd_.get(), nullptr, nullptr,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+      close(fd);
+      continue;
+    }
+    Connection& c = connections_.emplace_back();
+    c.thread = std::thread([this, fd, &c] {
+      Serve(fd);
+      c.done.store(true, std::memory_order_release);
+    });
+  }
+}
+
+void TcpKvReceiver::Serve(int raw_fd) {
+  UniqueFd fd(raw_fd);
+  uint64_t transfer_id = 0;
+  bool known = false;
+  absl::Status status = ServeTransfer(fd.get(), &transfer_id, &known);
+  if (known) callbacks_.on_done(transfer_id, status);
+  SocketIoOptions io;
+  io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
+  io.cancel_fd = wake_fd_.get();
+  if (!SendStatusFrame(fd.get(), KvFrameKind::kStatus, transfer_id, status, io)
+           .ok() ||
+      status.ok()) {
+    return;
+  }
+  // Linger: drain what the sender still writes so it reads the error
+  // rather than a connection reset. Nothing drained reaches the pool.
+  shutdown(fd.get(), SHUT_WR);
+  const absl::Time until = absl::Now() + io.stall_timeout;
+  std::vector<uint8_t> sink(1 << 16);
+  while (absl::Now() < until) {
+    io.stall_timeout = until - absl::Now();
+    if (!WaitFd(fd.get(), POLLIN, io, "draining").ok()) return;
+    const ssize_t n = recv(fd.get(), sink.data(), sink.size(), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
+  }
+}
+
+absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
+                                          bool* known) {
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  io.cancel_fd = wake_fd_.get();
+  KvTransferTarget target;
+  std::string request_id;
+  std::vector<bool> landed;
+  int64_t num_landed = 0;
+  std::vector<uint8_t> staging;
+  while (true) {
+    KvFrameBytes bytes;
+    bool eof = false;
+    const std::string progress =
+        *known ? absl::StrCat("KV transfer ", *transfer_id, " after ",
+                              num_landed, " of ", landed.size(), " layers")
+               : std::string("a new KV transfer");
+    BATON_RETURN_IF_ERROR(PrefixStatus(
+        absl::StrCat(progress, ": "),
+        RecvExact(fd, bytes, io, "waiting for the next frame", &eof)));
+    if (eof) {
+      return absl::UnavailableError(absl::StrCat(
+          progress, ": sender closed the connection without Finish"));
+    }
+    BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+    if (!*known) {
+      *transfer_id = f.header.transfer_id;
+      *known = true;
+      BATON_ASSIGN_OR_RETURN(target, callbacks_.lookup(*transfer_id));
+      if (target.cache == nullptr || target.table == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "KV transfer ", *transfer_id, ": lookup returned no cache/table"));
+      }
+      landed.assign(static_cast<size_t>(target.expected_layout.num_layers),
+                    false);
+    } else if (f.header.transfer_id != *transfer_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV frame transfer_id ", f.header.transfer_id,
+                       " on the connection of transfer ", *transfer_id));
+    }
+    if (f.kind == KvFrameKind::kFinish) {
+      for (size_t l = 0; l < landed.size(); ++l) {
+        if (!landed[l]) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "KV transfer ", *transfer_id, " finished with ", num_landed,
+              " of ", landed.size(), " layers; layer ", l, " is missing"));
+        }
+      }
+      return absl::OkStatus();
+    }
+    if (f.kind != KvFrameKind::kLayer) {
+      std::string msg(f.header.payload_bytes, '\0');
+      BATON_RETURN_IF_ERROR(
+          RecvExact(fd,
+                    std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()),
+                                       msg.size()),
+                    io, "reading a KV abort message"));
+      if (f.kind == KvFrameKind::kStatus) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KV transfer ", *transfer_id, ": unexpected status frame"));
+      }
+      const auto code = f.status_code == 0
+                            ? absl::StatusCode::kCancelled
+                            : static_cast<absl::StatusCode>(f.status_code);
+      return absl::Status(code, absl::StrCat("KV transfer ", *transfer_id,
+                                             " aborted by sender: ", msg));
+    }
+    // Layer frame: ids, validation, payload, checksum, import.
+    KvTransferHeader& h = f.header;
+    std::string ids(f.request_id_bytes + f.model_id_bytes, '\0');
+    BATON_RETURN_IF_ERROR(RecvExact(
+        fd,
+        std::span<uint8_t>(reinterpret_cast<uint8_t*>(ids.data()), ids.size()),
+        io, "reading KV header ids"));
+    h.request_id = ids.substr(0, f.request_id_bytes);
+    h.model_id = ids.substr(f.request_id_bytes);
+    if (num_landed == 0 && request_id.empty()) request_id = h.request_id;
+    if (h.request_id != request_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV transfer ", *transfer_id, ": request_id '", h.request_id,
+          "' vs '", request_id, "' of its earlier layers"));
+    }
+    BATON_RETURN_IF_ERROR(ValidateLayerHeader(h, target));
+    if (landed[static_cast<size_t>(h.layer)]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV transfer ", *transfer_id, ": layer ", h.layer, " sent twice"));
+    }
+    staging.resize(h.payload_bytes);
+    const std::string what = absl::StrCat("receiving KV layer ", h.layer,
+                                          " of transfer ", *transfer_id);
+    BATON_RETURN_IF_ERROR(PrefixStatus(absl::StrCat(progress, ": "),
+                                       RecvExact(fd, staging, io, what)));
+    const uint64_t sum = KvChecksum(staging);
+    if (sum != h.checksum) {
+      return absl::DataLossError(
+          absl::StrCat("KV transfer ", *transfer_id, " layer ", h.layer,
+                       ": checksum mismatch (header 0x", absl::Hex(h.checksum),
+                       ", payload 0x", absl::Hex(sum), ")"));
+    }
+    {
+      std::optional<absl::ReaderMutexLock> lock;
+      if (target.cache_mutex != nullptr) lock.emplace(target.cache_mutex);
+      BATON_RETURN_IF_ERROR(target.cache->ImportLayer(*target.table, h.layer,
+                                                      h.num_tokens, staging));
+    }
+    landed[static_cast<size_t>(h.layer)] = true;
+    ++num_landed;
+    if (callbacks_.on_layer) callbacks_.on_layer(*transfer_id, h.layer);
+  }
+}
+
+}  // namespace baton
