@@ -1,0 +1,193 @@
+// Host (TCP) KV transport on loopback under faults: per-field rejections
+// before any write, disconnects, stalls, aborts and receiver shutdown.
+#include "worker/transport/kv_transport_test_util.h"
+
+namespace baton {
+namespace {
+
+using namespace ::baton::kvtest;  // NOLINT(build/namespaces): test fixtures
+
+struct Corruption {
+  const char* name;
+  void (*apply)(KvTransferHeader&, std::vector<uint8_t>&);
+  absl::StatusCode code;
+  const char* message;
+};
+
+class RejectionTest : public ::testing::TestWithParam<Corruption> {};
+
+TEST_P(RejectionTest, RejectsLayerBeforeWritingAndStops) {
+  constexpr int64_t kBad = 5;
+  PrefillSide src(64, 100, 2);
+  DecodeSide decode(40);
+  decode.Expect(9, 100);
+  auto receiver = StartReceiver(decode);
+  auto sender = Connect(*receiver, 9);
+  absl::Status s;
+  for (int64_t l = 0; l < kLayers && s.ok(); ++l) {
+    KvTransferHeader h = src.Header(9, l);
+    std::vector<uint8_t> bytes = src.Export(l);
+    h.checksum = KvChecksum(bytes);
+    if (l == kBad) GetParam().apply(h, bytes);
+    s = sender->SendLayer(h, bytes);
+  }
+  if (s.ok()) s = sender->Finish();
+  EXPECT_EQ(s.code(), GetParam().code) << s;
+  EXPECT_THAT(s.message(), HasSubstr(GetParam().message));
+  absl::Status done = decode.WaitDone(9);
+  EXPECT_EQ(done.code(), GetParam().code) << done;
+  EXPECT_THAT(done.message(), HasSubstr(GetParam().message));
+  for (int64_t l = 0; l < kBad; ++l) decode.ExpectSameKv(9, src, l);
+  for (int64_t l = kBad; l < kLayers; ++l) {
+    EXPECT_TRUE(decode.Untouched(9, l)) << "layer " << l << " written";
+  }
+  EXPECT_EQ(decode.Layers(9).size(), static_cast<size_t>(kBad));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, RejectionTest,
+    ::testing::Values(
+        Corruption{"layout",
+                   [](KvTransferHeader& h, std::vector<uint8_t>&) {
+                     h.layout.head_dim = 32;
+                   },
+                   absl::StatusCode::kInvalidArgument, "head_dim 32"},
+        Corruption{"num_tokens",
+                   [](KvTransferHeader& h, std::vector<uint8_t>&) {
+                     h.num_tokens = 99;
+                   },
+                   absl::StatusCode::kInvalidArgument,
+                   "num_tokens 99 vs expected 100"},
+        Corruption{"checksum",
+                   [](KvTransferHeader&, std::vector<uint8_t>& b) {
+                     b[b.size() / 2] ^= 1;
+                   },
+                   absl::StatusCode::kDataLoss, "checksum mismatch"},
+        Corruption{"truncated",
+                   [](KvTransferHeader& h, std::vector<uint8_t>& b) {
+                     b.resize(b.size() - 1000);
+                     h.payload_bytes = b.size();
+                     h.checksum = KvChecksum(b);
+                   },
+                   absl::StatusCode::kInvalidArgument, "payload_bytes"},
+        Corruption{"model",
+                   [](KvTransferHeader& h, std::vector<uint8_t>&) {
+                     h.model_id = "llama-3-8b";
+                   },
+                   absl::StatusCode::kInvalidArgument, "model_id"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+void DisconnectAfter(uint64_t extra_bytes_of_layer1) {
+  PrefillSide src(64, 100, 4);
+  DecodeSide decode(40);
+  decode.Expect(11, 100);
+  auto receiver = StartReceiver(decode);
+  {
+    auto fd = TcpConnect(receiver->endpoint(), absl::Seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    SocketIoOptions io;
+    for (int64_t l = 0; l < 2; ++l) {
+      KvFrame f;
+      f.header = src.Header(11, l);
+      std::vector<uint8_t> bytes = src.Export(l);
+      f.header.checksum = KvChecksum(bytes);
+      KvFrameBytes head = EncodeKvFrame(f);
+      std::string ids = f.header.request_id + f.header.model_id;
+      const size_t n = l == 0 ? bytes.size() : extra_bytes_of_layer1;
+      iovec iov[3] = {{head.data(), head.size()},
+                      {ids.data(), ids.size()},
+                      {bytes.data(), n}};
+      ASSERT_TRUE(SendAllV(fd->get(), iov, 3, io, "test").ok());
+    }
+  }  // closes the socket
+  absl::Status done = decode.WaitDone(11);
+  EXPECT_TRUE(absl::IsUnavailable(done)) << done;
+  EXPECT_THAT(done.message(), HasSubstr("after 1 of 30 layers"));
+  EXPECT_TRUE(decode.Untouched(11, 1));
+  decode.FreeAll();  // free == total checked inside
+}
+
+TEST(TcpKvTransportTest, SenderDisconnectMidLayerIsUnavailable) {
+  DisconnectAfter(5000);
+}
+
+TEST(TcpKvTransportTest, SenderDisconnectBetweenLayersIsUnavailable) {
+  DisconnectAfter(0);
+}
+
+TEST(TcpKvTransportTest, StalledSenderTimesOutOnBothSides) {
+  const absl::Duration kStall = absl::Milliseconds(300);
+  PrefillSide src(64, 100, 5);
+  DecodeSide decode(40);
+  decode.Expect(12, 100);
+  auto receiver = StartReceiver(decode, kStall);
+  auto sender = Connect(*receiver, 12);
+  ASSERT_TRUE(SendLayer(*sender, src, 12, 0).ok());
+  ASSERT_TRUE(SendLayer(*sender, src, 12, 1).ok());
+  const absl::Time start = absl::Now();
+  absl::Status done = decode.WaitDone(12);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(done)) << done;
+  // Never a hang: bounded generously, since CI shares 2 cores with other tests.
+  EXPECT_LT(took, 10 * kStall);
+  // The sender learns it on its next call.
+  absl::Status s = SendLayer(*sender, src, 12, 2);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_TRUE(decode.Untouched(12, 2));
+}
+
+TEST(TcpKvTransportTest, SilentReceiverTimesOutSender) {
+  int port = 0;
+  auto listener = TcpListen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok());
+  const absl::Duration kStall = absl::Milliseconds(300);
+  auto sender = TcpKvSender::Connect("127.0.0.1:" + std::to_string(port), 1,
+                                     {.stall_timeout = kStall});
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  // Nobody accepts or reads: buffers fill, then the sender stalls.
+  PrefillSide src(64, 100, 6);
+  const absl::Time start = absl::Now();
+  absl::Status s;
+  for (int64_t l = 0; l < kLayers && s.ok(); ++l) {
+    s = SendLayer(**sender, src, 1, l);
+  }
+  if (s.ok()) s = (*sender)->Finish();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_LT(absl::Now() - start, 10 * kStall);
+}
+
+TEST(TcpKvTransportTest, AbortReportsSenderReason) {
+  PrefillSide src(64, 30, 7);
+  DecodeSide decode(40);
+  decode.Expect(13, 30);
+  auto receiver = StartReceiver(decode);
+  auto sender = Connect(*receiver, 13);
+  ASSERT_TRUE(SendLayer(*sender, src, 13, 0).ok());
+  sender->Abort(absl::InternalError("prefill worker failed"));
+  absl::Status done = decode.WaitDone(13);
+  EXPECT_TRUE(absl::IsInternal(done)) << done;
+  EXPECT_THAT(done.message(), HasSubstr("prefill worker failed"));
+  EXPECT_FALSE(sender->Finish().ok());
+}
+
+TEST(TcpKvTransportTest, ReceiverShutdownCancelsInFlightTransfer) {
+  PrefillSide src(64, 30, 8);
+  DecodeSide decode(40);
+  decode.Expect(14, 30);
+  auto receiver = StartReceiver(decode, absl::Seconds(30));
+  auto sender = Connect(*receiver, 14);
+  ASSERT_TRUE(SendLayer(*sender, src, 14, 0).ok());
+  // Wait until the receiver is mid-transfer (layer 0 imported).
+  for (int i = 0; i < 500 && decode.Layers(14).empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(decode.Layers(14).size(), 1u);
+  const absl::Time start = absl::Now();
+  receiver.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  absl::Status done = decode.WaitDone(14, absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsCancelled(done)) << done;
+}
+
+}  // namespace
+}  // namespace baton
