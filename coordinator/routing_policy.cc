@@ -1,0 +1,176 @@
+#include "coordinator/routing_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace baton::coordinator {
+namespace {
+
+bool IsExcluded(const RequestInfo& request, const WorkerId& id) {
+  return std::find(request.excluded.begin(), request.excluded.end(), id) !=
+         request.excluded.end();
+}
+
+absl::Status ValidateRequest(const RequestInfo& request) {
+  if (request.prompt_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routing: prompt_tokens must be >= 1, got ", request.prompt_tokens));
+  }
+  if (request.max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routing: max_tokens must be >= 0, got ", request.max_tokens));
+  }
+  return absl::OkStatus();
+}
+
+// Workers of the right model and role that are HEALTHY and not excluded, in
+// id order; UNAVAILABLE naming the pool (and why its members were skipped)
+// when there is none.
+absl::StatusOr<std::vector<const WorkerInfo*>> Eligible(
+    const Candidates& candidates, const RequestInfo& request, bool decode) {
+  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+  std::vector<const WorkerInfo*> out;
+  int skipped_health = 0;
+  int skipped_excluded = 0;
+  for (const WorkerInfo& w : candidates) {
+    const WorkerRole role = w.registration.role;
+    if (decode ? !CanDecode(role) : !CanPrefill(role)) continue;
+    if (w.registration.model_id != request.model_id) continue;
+    if (w.health != WorkerHealth::kHealthy) {
+      ++skipped_health;
+      continue;
+    }
+    if (IsExcluded(request, w.ref.id)) {
+      ++skipped_excluded;
+      continue;
+    }
+    out.push_back(&w);
+  }
+  if (out.empty()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "no healthy %s worker (role %s or both) for model '%s' (%d not "
+        "healthy, %d already tried)",
+        decode ? "decode" : "prefill", decode ? "decode" : "prefill",
+        request.model_id, skipped_health, skipped_excluded));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const WorkerInfo* a, const WorkerInfo* b) {
+              return a->ref.id < b->ref.id;
+            });
+  return out;
+}
+
+class LeastLoadedPolicy final : public RoutingPolicy {
+ public:
+  absl::string_view name() const override { return "least_loaded"; }
+
+  absl::StatusOr<WorkerRef> PickPrefill(const Candidates& candidates,
+                                        const RequestInfo& request) override {
+    absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+        EligiblePrefill(candidates, request);
+    if (!eligible.ok()) return eligible.status();
+    // Eligible is in id order, so the first minimum wins ties.
+    const WorkerInfo* best = *std::min_element(
+        eligible->begin(), eligible->end(),
+        [](const WorkerInfo* a, const WorkerInfo* b) {
+          return a->load.queued_prefill_tokens < b->load.queued_prefill_tokens;
+        });
+    return best->ref;
+  }
+
+  absl::StatusOr<WorkerRef> PickDecode(const Candidates& candidates,
+                                       const RequestInfo& request) override {
+    absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+        EligibleDecode(candidates, request);
+    if (!eligible.ok()) return eligible.status();
+    const WorkerInfo* best = *std::min_element(
+        eligible->begin(), eligible->end(),
+        [](const WorkerInfo* a, const WorkerInfo* b) {
+          return a->load.kv_blocks_free > b->load.kv_blocks_free;
+        });
+    return best->ref;
+  }
+};
+
+class RoundRobinPolicy final : public RoutingPolicy {
+ public:
+  absl::string_view name() const override { return "round_robin"; }
+
+  absl::StatusOr<WorkerRef> PickPrefill(const Candidates& candidates,
+                                        const RequestInfo& request) override {
+    absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+        EligiblePrefill(candidates, request);
+    if (!eligible.ok()) return eligible.status();
+    absl::MutexLock lock(&mu_);
+    return (*eligible)[next_prefill_++ % eligible->size()]->ref;
+  }
+
+  absl::StatusOr<WorkerRef> PickDecode(const Candidates& candidates,
+                                       const RequestInfo& request) override {
+    absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+        EligibleDecode(candidates, request);
+    if (!eligible.ok()) return eligible.status();
+    absl::MutexLock lock(&mu_);
+    return (*eligible)[next_decode_++ % eligible->size()]->ref;
+  }
+
+ private:
+  absl::Mutex mu_;
+  uint64_t next_prefill_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_decode_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy() {
+  return std::make_unique<LeastLoadedPolicy>();
+}
+
+std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy() {
+  return std::make_unique<RoundRobinPolicy>();
+}
+
+int64_t DecodeBlocksNeeded(const RequestInfo& request, int64_t block_size) {
+  if (block_size <= 0) return INT64_MAX;
+  const int64_t tokens = request.prompt_tokens + request.max_tokens;
+  return (tokens + block_size - 1) / block_size;
+}
+
+absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(
+    const Candidates& candidates, const RequestInfo& request) {
+  return Eligible(candidates, request, /*decode=*/false);
+}
+
+absl::StatusOr<std::vector<const WorkerInfo*>> EligibleDecode(
+    const Candidates& candidates, const RequestInfo& request) {
+  absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+      Eligible(candidates, request, /*decode=*/true);
+  if (!eligible.ok()) return eligible;
+  std::vector<const WorkerInfo*> with_room;
+  const WorkerInfo* most_free = nullptr;
+  for (const WorkerInfo* w : *eligible) {
+    const int64_t needed =
+        DecodeBlocksNeeded(request, w->registration.kv_layout.block_size);
+    if (w->load.kv_blocks_free >= needed) with_room.push_back(w);
+    if (most_free == nullptr ||
+        w->load.kv_blocks_free > most_free->load.kv_blocks_free) {
+      most_free = w;
+    }
+  }
+  if (with_room.empty()) {
+    const int64_t block_size = most_free->registration.kv_layout.block_size;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "no decode worker for model '%s' has room: need %d KV blocks (prompt "
+        "%d + max_tokens %d tokens, block size %d); most free is %s with %d "
+        "of %d",
+        request.model_id, DecodeBlocksNeeded(request, block_size),
+        request.prompt_tokens, request.max_tokens, block_size,
+        most_free->ref.id, most_free->load.kv_blocks_free,
+        most_free->load.kv_blocks_total));
+  }
+  return with_room;
+}
+
+}  // namespace baton::coordinator

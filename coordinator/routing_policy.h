@@ -1,0 +1,72 @@
+// Which worker runs a request's prefill and which its decode. A policy sees a
+// snapshot of the registry and picks among the eligible workers:
+//   - health HEALTHY (SUSPECT, DRAINING and DOWN workers take no new work),
+//   - serving the request's model,
+//   - a role that can do the phase (`both` workers are eligible for either),
+//   - not in the request's excluded list (decode workers already tried);
+// and for decode, free KV blocks that hold prompt + max_tokens.
+// UNAVAILABLE names the empty pool when no eligible worker exists;
+// RESOURCE_EXHAUSTED gives the numbers when none has room.
+#ifndef BATON_COORDINATOR_ROUTING_POLICY_H_
+#define BATON_COORDINATOR_ROUTING_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/types.h"
+#include "coordinator/worker_registry.h"
+
+namespace baton::coordinator {
+
+// A registry snapshot (WorkerRegistry::List()).
+using Candidates = std::vector<WorkerInfo>;
+
+// What a policy needs to know about a request.
+struct RequestInfo {
+  std::string model_id;
+  // Tokens of the rendered prompt; >= 1.
+  int64_t prompt_tokens = 0;
+  // Tokens the request may generate; >= 0.
+  int64_t max_tokens = 0;
+  // Workers not to pick (e.g. decode workers that refused a reservation).
+  std::vector<WorkerId> excluded;
+};
+
+// KV blocks a decode worker with `block_size` tokens per block needs for the
+// request: ceil((prompt_tokens + max_tokens) / block_size).
+int64_t DecodeBlocksNeeded(const RequestInfo& request, int64_t block_size);
+
+// Thread-safe implementations only.
+class RoutingPolicy {
+ public:
+  virtual ~RoutingPolicy() = default;
+  virtual absl::string_view name() const = 0;
+  virtual absl::StatusOr<WorkerRef> PickPrefill(const Candidates& candidates,
+                                                const RequestInfo& request) = 0;
+  virtual absl::StatusOr<WorkerRef> PickDecode(const Candidates& candidates,
+                                               const RequestInfo& request) = 0;
+};
+
+// Prefill: least queued prefill tokens. Decode: most free KV blocks among the
+// workers with room. Ties go to the smallest worker id (string order).
+std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy();
+
+// Cycles through the eligible workers in id order, one counter per phase;
+// decode still skips workers without room. For tests and comparison.
+std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy();
+
+// The eligible workers for a phase, in id order, or the UNAVAILABLE /
+// RESOURCE_EXHAUSTED status described above. Shared by the policies.
+absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(
+    const Candidates& candidates, const RequestInfo& request);
+absl::StatusOr<std::vector<const WorkerInfo*>> EligibleDecode(
+    const Candidates& candidates, const RequestInfo& request);
+
+}  // namespace baton::coordinator
+
+#endif  // BATON_COORDINATOR_ROUTING_POLICY_H_

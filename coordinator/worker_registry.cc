@@ -1,0 +1,202 @@
+#include "coordinator/worker_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace baton::coordinator {
+
+absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
+    const WorkerRegistryOptions& options, const Clock* clock) {
+  if (clock == nullptr) {
+    return absl::InvalidArgumentError("WorkerRegistry: clock is null");
+  }
+  if (!(options.heartbeat_interval > absl::ZeroDuration() &&
+        options.heartbeat_interval <= options.suspect_after &&
+        options.suspect_after < options.lease_ttl)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerRegistryOptions: need 0 < heartbeat_interval <= suspect_after "
+        "< lease_ttl, got heartbeat_interval=",
+        absl::FormatDuration(options.heartbeat_interval),
+        " suspect_after=", absl::FormatDuration(options.suspect_after),
+        " lease_ttl=", absl::FormatDuration(options.lease_ttl)));
+  }
+  return std::unique_ptr<WorkerRegistry>(new WorkerRegistry(options, clock));
+}
+
+absl::StatusOr<WorkerRef> WorkerRegistry::Register(
+    const WorkerRegistration& registration) {
+  if (registration.address.empty()) {
+    return absl::InvalidArgumentError("RegisterWorker: address is empty");
+  }
+  if (registration.model_id.empty()) {
+    return absl::InvalidArgumentError("RegisterWorker: model_id is empty");
+  }
+  BATON_RETURN_IF_ERROR(registration.kv_layout.Validate());
+  const int64_t min_blocks = CanDecode(registration.role) ? 1 : 0;
+  if (registration.kv_blocks_total < min_blocks) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RegisterWorker: kv_blocks_total %d must be >= %d for role %s",
+        registration.kv_blocks_total, min_blocks,
+        WorkerRoleName(registration.role)));
+  }
+
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  const uint64_t epoch = next_epoch_++;
+  WorkerId id;
+  auto by_address = id_by_address_.find(registration.address);
+  if (by_address != id_by_address_.end()) {
+    id = by_address->second;
+    WorkerInfo& old = workers_.at(id);
+    if (old.health != WorkerHealth::kDown) {
+      MarkDownLocked(old, absl::StrCat("re-registered as epoch ", epoch));
+    }
+  } else {
+    id = absl::StrCat("w", next_worker_number_++);
+    id_by_address_.emplace(registration.address, id);
+  }
+  WorkerInfo info;
+  info.ref = WorkerRef{id, epoch};
+  info.registration = registration;
+  info.health = WorkerHealth::kHealthy;
+  info.load.kv_blocks_total = registration.kv_blocks_total;
+  info.load.kv_blocks_free = registration.kv_blocks_total;
+  info.last_heartbeat = now;
+  workers_.insert_or_assign(id, std::move(info));
+  return WorkerRef{id, epoch};
+}
+
+absl::StatusOr<WorkerInfo*> WorkerRegistry::FindLiveLocked(
+    const WorkerRef& worker) {
+  auto it = workers_.find(worker.id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker '", worker.id, "' is not registered"));
+  }
+  WorkerInfo& info = it->second;
+  if (info.ref.epoch != worker.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", worker.id, "': epoch ", worker.epoch, " is stale (current ",
+        info.ref.epoch, "); register again"));
+  }
+  UpdateHealthLocked(info, clock_->Now());
+  if (info.health == WorkerHealth::kDown) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", WorkerRefString(worker),
+                     " is down (lease expired or removed); register again"));
+  }
+  return &info;
+}
+
+absl::Status WorkerRegistry::Heartbeat(
+    const WorkerRef& worker, const WorkerLoad& load,
+    std::vector<std::string> leased_request_ids) {
+  if (load.queued_prefill_tokens < 0 || load.running_sequences < 0 ||
+      load.kv_blocks_free < 0 || load.kv_blocks_reserved < 0 ||
+      load.kv_blocks_total < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Heartbeat from %s: negative load field (queued_prefill_tokens=%d "
+        "running_sequences=%d kv_blocks_free=%d kv_blocks_reserved=%d "
+        "kv_blocks_total=%d)",
+        WorkerRefString(worker), load.queued_prefill_tokens,
+        load.running_sequences, load.kv_blocks_free, load.kv_blocks_reserved,
+        load.kv_blocks_total));
+  }
+  if (load.kv_blocks_free + load.kv_blocks_reserved > load.kv_blocks_total) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Heartbeat from %s: kv_blocks_free %d + kv_blocks_reserved %d exceeds "
+        "kv_blocks_total %d",
+        WorkerRefString(worker), load.kv_blocks_free, load.kv_blocks_reserved,
+        load.kv_blocks_total));
+  }
+  absl::MutexLock lock(&mu_);
+  BATON_ASSIGN_OR_RETURN(WorkerInfo * info, FindLiveLocked(worker));
+  if (load.kv_blocks_total != info->registration.kv_blocks_total) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Heartbeat from %s: kv_blocks_total %d differs from the registered %d",
+        WorkerRefString(worker), load.kv_blocks_total,
+        info->registration.kv_blocks_total));
+  }
+  info->load = load;
+  info->leased_request_ids = std::move(leased_request_ids);
+  info->last_heartbeat = clock_->Now();
+  if (info->health == WorkerHealth::kSuspect) {
+    info->health = WorkerHealth::kHealthy;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Drain(const WorkerRef& worker) {
+  absl::MutexLock lock(&mu_);
+  BATON_ASSIGN_OR_RETURN(WorkerInfo * info, FindLiveLocked(worker));
+  info->health = WorkerHealth::kDraining;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Remove(const WorkerRef& worker,
+                                    absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  BATON_ASSIGN_OR_RETURN(WorkerInfo * info, FindLiveLocked(worker));
+  MarkDownLocked(*info, std::string(reason));
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
+  if (info.health == WorkerHealth::kDown) return;
+  const absl::Duration silent = now - info.last_heartbeat;
+  if (silent > options_.lease_ttl) {
+    MarkDownLocked(info, absl::StrCat("lease expired (no heartbeat for ",
+                                      absl::FormatDuration(silent), ")"));
+  } else if (silent > options_.suspect_after &&
+             info.health == WorkerHealth::kHealthy) {
+    info.health = WorkerHealth::kSuspect;
+  }
+}
+
+void WorkerRegistry::MarkDownLocked(WorkerInfo& info, std::string reason) {
+  info.health = WorkerHealth::kDown;
+  info.load.kv_blocks_free = info.load.kv_blocks_total;
+  info.load.kv_blocks_reserved = 0;
+  info.load.queued_prefill_tokens = 0;
+  info.load.running_sequences = 0;
+  pending_down_.push_back(
+      DownEvent{info.ref, std::move(reason), info.leased_request_ids});
+  info.leased_request_ids.clear();
+}
+
+std::vector<DownEvent> WorkerRegistry::Tick() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, info] : workers_) UpdateHealthLocked(info, now);
+  std::vector<DownEvent> events;
+  events.swap(pending_down_);
+  std::sort(events.begin(), events.end(),
+            [](const DownEvent& a, const DownEvent& b) {
+              return a.worker < b.worker;
+            });
+  return events;
+}
+
+std::vector<WorkerInfo> WorkerRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerInfo> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, info] : workers_) out.push_back(info);
+  return out;
+}
+
+absl::StatusOr<WorkerInfo> WorkerRegistry::Get(absl::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker '", id, "' is not registered"));
+  }
+  return it->second;
+}
+
+}  // namespace baton::coordinator

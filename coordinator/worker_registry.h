@@ -1,0 +1,147 @@
+// The coordinator's table of workers: registration, heartbeats with load, and
+// liveness by lease. A worker is HEALTHY while heartbeats arrive, SUSPECT once
+// `suspect_after` passes without one (no new requests are routed to it), and
+// DOWN once `lease_ttl` passes (every request it took part in must fail and
+// every lease it held is released). A worker that registers again from the
+// same address keeps its id and gets a new epoch; its previous incarnation is
+// reported DOWN.
+//
+// DOWN transitions are queued and handed out by Tick(), so the caller feeds
+// each exactly once to RequestStateMachine::OnWorkerDown.
+#ifndef BATON_COORDINATOR_WORKER_REGISTRY_H_
+#define BATON_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/types.h"
+#include "worker/kv_cache/kv_layout.h"
+
+namespace baton::coordinator {
+
+struct WorkerRegistryOptions {
+  // Workers are told to heartbeat at least this often.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Without a heartbeat for longer than this a worker is SUSPECT.
+  absl::Duration suspect_after = absl::Seconds(2);
+  // Without a heartbeat for longer than this a worker is DOWN.
+  // Requires 0 < heartbeat_interval <= suspect_after < lease_ttl.
+  absl::Duration lease_ttl = absl::Seconds(5);
+};
+
+// What a worker announces (RegisterWorkerRequest).
+struct WorkerRegistration {
+  WorkerRole role = WorkerRole::kBoth;
+  // host:port of its Worker service; identifies the worker across restarts.
+  std::string address;
+  std::string model_id;
+  KvLayout kv_layout;
+  int64_t kv_blocks_total = 0;
+  int32_t context_length = 0;
+};
+
+// The registry's view of one worker (current incarnation).
+struct WorkerInfo {
+  WorkerRef ref;
+  WorkerRegistration registration;
+  WorkerHealth health = WorkerHealth::kHealthy;
+  // Registration fills kv_blocks_free = kv_blocks_total; heartbeats replace.
+  WorkerLoad load;
+  absl::Time last_heartbeat;
+  // As last reported by the worker.
+  std::vector<std::string> leased_request_ids;
+};
+
+// An incarnation that went DOWN: lease expired, replaced by a re-registration,
+// or removed.
+struct DownEvent {
+  WorkerRef worker;
+  // "lease expired (no heartbeat for 5s)", "re-registered as epoch 9", ...
+  std::string reason;
+  // The worker's last reported leases (for logs; the state machine is
+  // authoritative about which requests the worker took part in).
+  std::vector<std::string> last_leased_request_ids;
+};
+
+// Thread-safe.
+class WorkerRegistry {
+ public:
+  // InvalidArgument if the durations are not ordered as documented.
+  // `clock` must outlive the registry.
+  static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(
+      const WorkerRegistryOptions& options, const Clock* clock);
+
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  const WorkerRegistryOptions& options() const { return options_; }
+
+  // Adds a worker, or a new incarnation of the worker at the same address
+  // (same id, new epoch; the old incarnation is queued as DOWN unless it
+  // already was). InvalidArgument naming the field for an empty address or
+  // model id, a bad layout, or kv_blocks_total < 0 (or 0 for a role that
+  // decodes).
+  absl::StatusOr<WorkerRef> Register(const WorkerRegistration& registration);
+
+  // Renews the lease and records load and leases. NotFound for an unknown id;
+  // FailedPrecondition for a stale epoch or a worker already DOWN (it must
+  // drop its leases and register again); InvalidArgument for inconsistent
+  // load (negative counts, free + reserved > total, total differing from the
+  // registration).
+  absl::Status Heartbeat(const WorkerRef& worker, const WorkerLoad& load,
+                         std::vector<std::string> leased_request_ids);
+
+  // The worker stops taking new requests (DRAINING); it still heartbeats and
+  // still goes DOWN if its lease expires. NotFound / FailedPrecondition as
+  // Heartbeat.
+  absl::Status Drain(const WorkerRef& worker);
+
+  // Marks the incarnation DOWN now (e.g. drained and finished) and queues its
+  // DownEvent. NotFound / FailedPrecondition as Heartbeat.
+  absl::Status Remove(const WorkerRef& worker, absl::string_view reason);
+
+  // Re-evaluates every lease against the clock, then returns (and forgets)
+  // every queued DownEvent, ordered by worker id then epoch.
+  std::vector<DownEvent> Tick();
+
+  // Every worker's current incarnation (DOWN ones included), by id. Health
+  // is as of the last Tick / Heartbeat.
+  std::vector<WorkerInfo> List() const;
+  // NotFound for an unknown id.
+  absl::StatusOr<WorkerInfo> Get(absl::string_view id) const;
+
+ private:
+  WorkerRegistry(const WorkerRegistryOptions& options, const Clock* clock)
+      : options_(options), clock_(clock) {}
+
+  // NotFound / FailedPrecondition for an unusable (worker, epoch).
+  absl::StatusOr<WorkerInfo*> FindLiveLocked(const WorkerRef& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateHealthLocked(WorkerInfo& info, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDownLocked(WorkerInfo& info, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerRegistryOptions options_;
+  const Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  std::map<WorkerId, WorkerInfo, std::less<>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WorkerId> id_by_address_ ABSL_GUARDED_BY(mu_);
+  std::vector<DownEvent> pending_down_ ABSL_GUARDED_BY(mu_);
+  int64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace baton::coordinator
+
+#endif  // BATON_COORDINATOR_WORKER_REGISTRY_H_

@@ -1,0 +1,234 @@
+#include "coordinator/worker_registry.h"
+
+#include <memory>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+KvLayout SmolLayout() {
+  KvLayout layout;
+  layout.num_layers = 30;
+  layout.num_kv_heads = 3;
+  layout.head_dim = 64;
+  layout.block_size = 16;
+  layout.dtype = DType::kF16;
+  return layout;
+}
+
+WorkerRegistration Reg(WorkerRole role, std::string address,
+                       int64_t blocks = 100) {
+  WorkerRegistration reg;
+  reg.role = role;
+  reg.address = std::move(address);
+  reg.model_id = "smollm2-135m";
+  reg.kv_layout = SmolLayout();
+  reg.kv_blocks_total = blocks;
+  reg.context_length = 2048;
+  return reg;
+}
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WorkerRegistryOptions options;
+    options.heartbeat_interval = absl::Seconds(1);
+    options.suspect_after = absl::Seconds(2);
+    options.lease_ttl = absl::Seconds(5);
+    auto registry = WorkerRegistry::Create(options, &clock_);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = std::move(*registry);
+  }
+
+  WorkerHealth Health(const WorkerRef& ref) {
+    auto info = registry_->Get(ref.id);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->health : WorkerHealth::kDown;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<WorkerRegistry> registry_;
+};
+
+TEST_F(WorkerRegistryTest, RejectsMisorderedOptions) {
+  WorkerRegistryOptions options;
+  options.suspect_after = absl::Seconds(10);
+  options.lease_ttl = absl::Seconds(5);
+  auto registry = WorkerRegistry::Create(options, &clock_);
+  EXPECT_EQ(registry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(registry.status().message(), HasSubstr("suspect_after=10s"));
+}
+
+TEST_F(WorkerRegistryTest, RegistersWithIdsEpochsAndFullPool) {
+  auto a = registry_->Register(Reg(WorkerRole::kPrefill, "10.0.0.1:1", 0));
+  auto b = registry_->Register(Reg(WorkerRole::kDecode, "10.0.0.2:1", 64));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a, (WorkerRef{"w1", 1}));
+  EXPECT_EQ(*b, (WorkerRef{"w2", 2}));
+  std::vector<WorkerInfo> all = registry_->List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[1].registration.role, WorkerRole::kDecode);
+  EXPECT_EQ(all[1].load.kv_blocks_free, 64);
+  EXPECT_EQ(all[1].load.kv_blocks_total, 64);
+  EXPECT_EQ(all[1].health, WorkerHealth::kHealthy);
+}
+
+TEST_F(WorkerRegistryTest, RejectsBadRegistrationsNamingTheField) {
+  WorkerRegistration reg = Reg(WorkerRole::kDecode, "");
+  EXPECT_THAT(registry_->Register(reg).status().message(),
+              HasSubstr("address"));
+  reg = Reg(WorkerRole::kDecode, "h:1");
+  reg.model_id.clear();
+  EXPECT_THAT(registry_->Register(reg).status().message(),
+              HasSubstr("model_id"));
+  reg = Reg(WorkerRole::kDecode, "h:1", 0);
+  absl::Status s = registry_->Register(reg).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_total 0 must be >= 1"));
+  reg = Reg(WorkerRole::kDecode, "h:1");
+  reg.kv_layout.head_dim = 0;
+  EXPECT_EQ(registry_->Register(reg).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(registry_->List(), IsEmpty());
+}
+
+TEST_F(WorkerRegistryTest, HeartbeatRecordsLoadAndLeases) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  WorkerLoad load{.queued_prefill_tokens = 7,
+                  .running_sequences = 3,
+                  .kv_blocks_free = 60,
+                  .kv_blocks_total = 100,
+                  .kv_blocks_reserved = 10};
+  ASSERT_TRUE(registry_->Heartbeat(w, load, {"r1", "r2"}).ok());
+  WorkerInfo info = *registry_->Get(w.id);
+  EXPECT_EQ(info.load, load);
+  EXPECT_THAT(info.leased_request_ids, ElementsAre("r1", "r2"));
+}
+
+TEST_F(WorkerRegistryTest, HeartbeatErrors) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  WorkerLoad ok_load{.kv_blocks_free = 100, .kv_blocks_total = 100};
+  EXPECT_EQ(registry_->Heartbeat({"w9", 1}, ok_load, {}).code(),
+            absl::StatusCode::kNotFound);
+  absl::Status stale = registry_->Heartbeat({w.id, w.epoch + 5}, ok_load, {});
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.message(), HasSubstr("stale"));
+  WorkerLoad over{
+      .kv_blocks_free = 90, .kv_blocks_total = 100, .kv_blocks_reserved = 20};
+  absl::Status s = registry_->Heartbeat(w, over, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_reserved 20 exceeds"));
+  WorkerLoad wrong_total{.kv_blocks_free = 10, .kv_blocks_total = 50};
+  EXPECT_THAT(registry_->Heartbeat(w, wrong_total, {}).message(),
+              HasSubstr("differs from the registered 100"));
+  WorkerLoad negative{.queued_prefill_tokens = -1, .kv_blocks_total = 100};
+  EXPECT_EQ(registry_->Heartbeat(w, negative, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeSuspectThenDown) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  WorkerLoad load{.kv_blocks_free = 90, .kv_blocks_total = 100};
+  ASSERT_TRUE(registry_->Heartbeat(w, load, {"r1"}).ok());
+
+  clock_.Advance(absl::Seconds(2));  // exactly suspect_after: still healthy
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  EXPECT_EQ(Health(w), WorkerHealth::kHealthy);
+
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  EXPECT_EQ(Health(w), WorkerHealth::kSuspect);
+
+  // A heartbeat brings it back.
+  ASSERT_TRUE(registry_->Heartbeat(w, load, {"r1"}).ok());
+  EXPECT_EQ(Health(w), WorkerHealth::kHealthy);
+
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  EXPECT_EQ(Health(w), WorkerHealth::kSuspect);
+  clock_.Advance(absl::Milliseconds(1));
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, w);
+  EXPECT_THAT(down[0].reason, HasSubstr("lease expired"));
+  EXPECT_THAT(down[0].last_leased_request_ids, ElementsAre("r1"));
+  EXPECT_EQ(Health(w), WorkerHealth::kDown);
+  // Reported once only.
+  clock_.Advance(absl::Seconds(60));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  // A late heartbeat is refused: the worker must drop leases and re-register.
+  absl::Status late = registry_->Heartbeat(w, load, {"r1"});
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.message(), HasSubstr("register again"));
+}
+
+TEST_F(WorkerRegistryTest, LateHeartbeatBeforeTickIsRefusedAndReported) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kPrefill, "h:1", 0));
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(registry_->Heartbeat(w, WorkerLoad{}, {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, w);
+}
+
+TEST_F(WorkerRegistryTest, ReRegistrationBumpsEpochAndReportsOldIncarnation) {
+  WorkerRef old = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  WorkerRef other = *registry_->Register(Reg(WorkerRole::kDecode, "h:2", 100));
+  ASSERT_TRUE(registry_
+                  ->Heartbeat(old,
+                              {.kv_blocks_free = 80, .kv_blocks_total = 100},
+                              {"r7"})
+                  .ok());
+  WorkerRef fresh = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  EXPECT_EQ(fresh.id, old.id);
+  EXPECT_GT(fresh.epoch, other.epoch);
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, old);
+  EXPECT_THAT(down[0].reason, HasSubstr("re-registered as epoch 3"));
+  EXPECT_THAT(down[0].last_leased_request_ids, ElementsAre("r7"));
+  EXPECT_EQ(Health(fresh), WorkerHealth::kHealthy);
+  EXPECT_EQ(registry_->Get(fresh.id)->load.kv_blocks_free, 100);
+  EXPECT_EQ(registry_->Heartbeat(old, {.kv_blocks_total = 100}, {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Re-registering after the old one already went DOWN reports nothing new.
+  clock_.Advance(absl::Seconds(10));
+  down = registry_->Tick();
+  ASSERT_EQ(down.size(), 2u);  // fresh and other expired
+  EXPECT_EQ(down[0].worker, fresh);
+  EXPECT_EQ(down[1].worker, other);
+  WorkerRef third = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  EXPECT_EQ(third.id, old.id);
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+}
+
+TEST_F(WorkerRegistryTest, DrainAndRemove) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kBoth, "h:1", 100));
+  ASSERT_TRUE(registry_->Drain(w).ok());
+  EXPECT_EQ(Health(w), WorkerHealth::kDraining);
+  // Still heartbeats while draining, and stays draining.
+  ASSERT_TRUE(
+      registry_
+          ->Heartbeat(w, {.kv_blocks_free = 100, .kv_blocks_total = 100}, {})
+          .ok());
+  clock_.Advance(absl::Seconds(3));
+  registry_->Tick();
+  EXPECT_EQ(Health(w), WorkerHealth::kDraining);
+  ASSERT_TRUE(registry_->Remove(w, "drained").ok());
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].reason, "drained");
+  EXPECT_EQ(registry_->Remove(w, "again").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace baton::coordinator
