@@ -47,11 +47,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 }
 
 Engine::~Engine() {
+  // Stop every sender thread before its blocks go away.
+  handing_off_.clear();
+  for (auto& [id, seq] : live_) seq->handoff.reset();
+  detached_.clear();
+  absl::MutexLock lock(&cache_mu_);
   for (auto& [id, seq] : live_) cache_->Free(seq->table);
+  for (auto& [id, slot] : imports_) cache_->Free(slot->table);
 }
 
-absl::Status Engine::Submit(GenerationRequest request,
-                            OutputCallback on_output) {
+absl::StatusOr<std::unique_ptr<Sequence>> Engine::NewSequence(
+    GenerationRequest request, int64_t pool_tokens) {
   const ModelConfig& c = config();
   BATON_RETURN_IF_ERROR(Validate(request.params,
                                  static_cast<int64_t>(request.prompt.size()),
@@ -62,13 +68,12 @@ absl::Status Engine::Submit(GenerationRequest request,
           "prompt token id ", token, " is outside [0, ", c.vocab_size, ")"));
     }
   }
-  const int64_t max_total =
-      static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
-  if (cache_->BlocksNeeded(max_total) > cache_->num_blocks_total()) {
+  if (cache_->BlocksNeeded(pool_tokens) > cache_->num_blocks_total()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt (", request.prompt.size(), " tokens) + max_tokens (",
-        request.params.max_tokens, ") needs ", cache_->BlocksNeeded(max_total),
-        " KV blocks, but the pool has only ", cache_->num_blocks_total()));
+        request.params.max_tokens, ") needs ",
+        cache_->BlocksNeeded(pool_tokens), " KV blocks, but the pool has only ",
+        cache_->num_blocks_total()));
   }
   auto seq = std::make_unique<Sequence>();
   BATON_ASSIGN_OR_RETURN(
@@ -81,10 +86,13 @@ absl::Status Engine::Submit(GenerationRequest request,
   seq->num_prompt = static_cast<int64_t>(request.prompt.size());
   seq->metrics.prompt_tokens = seq->num_prompt;
   seq->metrics.arrival = Clock::now();
-  seq->on_output = std::move(on_output);
   seq->request = std::move(request);
+  return seq;
+}
+
+absl::Status Engine::Enqueue(std::unique_ptr<Sequence> seq, bool id_reserved) {
   absl::MutexLock lock(&inbox_mu_);
-  if (!ids_.emplace(seq->request.id, true).second) {
+  if (!id_reserved && !ids_.emplace(seq->request.id, true).second) {
     return absl::InvalidArgumentError(
         absl::StrCat("request id '", seq->request.id, "' is already in use"));
   }
@@ -93,7 +101,18 @@ absl::Status Engine::Submit(GenerationRequest request,
   return absl::OkStatus();
 }
 
+absl::Status Engine::Submit(GenerationRequest request,
+                            OutputCallback on_output) {
+  const int64_t max_total =
+      static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
+                         NewSequence(std::move(request), max_total));
+  seq->on_output = std::move(on_output);
+  return Enqueue(std::move(seq), /*id_reserved=*/false);
+}
+
 void Engine::Cancel(const std::string& request_id) {
+  if (CancelImport(request_id)) return;
   absl::MutexLock lock(&inbox_mu_);
   cancels_.push_back(request_id);
 }
@@ -101,39 +120,97 @@ void Engine::Cancel(const std::string& request_id) {
 bool Engine::HasWork() {
   {
     absl::MutexLock lock(&inbox_mu_);
-    if (!inbox_.empty() || !cancels_.empty()) return true;
+    if (!inbox_.empty() || !cancels_.empty() || !handoffs_done_.empty()) {
+      return true;
+    }
   }
-  return scheduler_->HasWork();
+  return scheduler_->HasWork() || !handing_off_.empty();
 }
 
 EngineStats Engine::stats() {
   EngineStats s;
   s.num_waiting = scheduler_->num_waiting();
   s.num_running = scheduler_->num_running();
+  s.num_handoffs = static_cast<int64_t>(handing_off_.size());
+  absl::MutexLock lock(&cache_mu_);
+  s.num_imports = static_cast<int64_t>(imports_.size());
   s.kv_blocks_total = cache_->num_blocks_total();
   s.kv_blocks_free = cache_->num_blocks_free();
   return s;
 }
 
+void Engine::RemoveFromScheduler(Sequence* seq) {
+  absl::MutexLock lock(&cache_mu_);
+  scheduler_->Remove(seq);
+}
+
+void Engine::EndEarly(Sequence* seq, FinishReason reason, absl::Status status) {
+  if (seq->handoff != nullptr) {
+    seq->handoff->Abort(std::move(status));
+    absl::MutexLock lock(&cache_mu_);
+    scheduler_->Detach(seq);
+    return;
+  }
+  RemoveFromScheduler(seq);
+  if (seq->prefill_only()) {
+    FinishPrefill(seq, std::move(status), KvHandoffMetrics{});
+    return;
+  }
+  Finish(seq, reason, RequestOutput{},
+         reason == FinishReason::kError ? std::move(status) : absl::OkStatus());
+}
+
 void Engine::DrainInbox() {
   std::vector<std::unique_ptr<Sequence>> arrived;
   std::vector<std::string> cancels;
+  std::vector<uint64_t> completed;
   {
     absl::MutexLock lock(&inbox_mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
+    completed.swap(handoffs_done_);
   }
-  for (auto& seq : arrived) {
-    Sequence* raw = seq.get();
-    live_.emplace(raw->request.id, std::move(seq));
+  for (auto& seq : arrived) Adopt(std::move(seq));
+  for (const std::string& id : cancels) CancelLive(id);
+  ProcessHandoffs(completed);
+}
+
+void Engine::Adopt(std::unique_ptr<Sequence> seq) {
+  Sequence* raw = seq.get();
+  live_.emplace(raw->request.id, std::move(seq));
+  if (!raw->initial_output.has_value()) {
     scheduler_->AddWaiting(raw);
+    return;
   }
-  for (const std::string& id : cancels) {
-    auto it = live_.find(id);
-    if (it == live_.end()) continue;
-    scheduler_->Remove(it->second.get());
-    Finish(it->second.get(), FinishReason::kCancelled, RequestOutput{});
+  RequestOutput out = std::move(*raw->initial_output);
+  raw->initial_output.reset();
+  if (out.finish_reason == FinishReason::kNone) {
+    {
+      absl::MutexLock lock(&cache_mu_);
+      scheduler_->AddRunning(raw);
+    }
+    if (!out.text.empty()) raw->on_output(out);
+    return;
   }
+  const FinishReason reason = out.finish_reason;
+  RemoveFromScheduler(raw);  // frees the imported blocks
+  Finish(raw, reason, std::move(out));
+}
+
+void Engine::CancelLive(const std::string& request_id) {
+  auto it = live_.find(request_id);
+  if (it == live_.end()) return;
+  EndEarly(it->second.get(), FinishReason::kCancelled,
+           absl::CancelledError(
+               absl::StrCat("request '", request_id, "' was cancelled")));
+}
+
+void Engine::WaitForEvents() {
+  absl::MutexLock lock(&inbox_mu_);
+  auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_mu_) {
+    return !inbox_.empty() || !cancels_.empty() || !handoffs_done_.empty();
+  };
+  inbox_mu_.AwaitWithTimeout(absl::Condition(&pending), absl::Milliseconds(5));
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, RequestOutput output,
@@ -157,19 +234,46 @@ void Engine::Finish(Sequence* seq, FinishReason reason, RequestOutput output,
 bool Engine::PostProcess(Sequence* seq, std::span<const float> logits) {
   absl::StatusOr<SampleResult> sample = seq->sampler->Sample(logits);
   if (!sample.ok()) {
-    scheduler_->Remove(seq);
-    Finish(seq, FinishReason::kError, RequestOutput{}, sample.status());
+    EndEarly(seq, FinishReason::kError, sample.status());
     return true;
   }
   const int32_t token = sample->token;
   seq->sampler->Accept(token);
   seq->tokens.push_back(token);
   if (seq->num_generated() == 1) seq->metrics.first_token = Clock::now();
+  TokenOutput token_output{token, sample->logprob,
+                           std::move(sample->top_logprobs),
+                           std::move(sample->processed)};
+
+  if (seq->prefill_only()) {
+    // The decode side detokenizes; this side only hands the token over.
+    {
+      absl::MutexLock lock(&cache_mu_);
+      scheduler_->Detach(seq);  // blocks stay until the handoff ends
+    }
+    PrefillOutput out;
+    out.request_id = seq->request.id;
+    out.first_token = std::move(token_output);
+    out.seed = seq->sampler->seed();
+    seq->on_prefill(out);
+    return true;
+  }
 
   RequestOutput out;
-  out.tokens.push_back(TokenOutput{token, sample->logprob,
-                                   std::move(sample->top_logprobs),
-                                   std::move(sample->processed)});
+  out.tokens.push_back(std::move(token_output));
+  FinishReason reason = AdvanceText(seq, token, &out);
+  if (reason == FinishReason::kNone) {
+    seq->on_output(out);
+    return false;
+  }
+  FlushText(seq, &reason, &out);
+  RemoveFromScheduler(seq);
+  Finish(seq, reason, std::move(out));
+  return true;
+}
+
+FinishReason Engine::AdvanceText(Sequence* seq, int32_t token,
+                                 RequestOutput* out) {
   const SamplingParams& params = seq->request.params;
   FinishReason reason = FinishReason::kNone;
   if (IsStopToken(params, token, eos_ids_)) {
@@ -177,36 +281,37 @@ bool Engine::PostProcess(Sequence* seq, std::span<const float> logits) {
   } else {
     StopChecker::Result r =
         seq->stop_checker->Push(seq->detokenizer->Push(token));
-    out.text = std::move(r.emit);
+    out->text += r.emit;
     if (r.stopped) reason = FinishReason::kStop;
   }
   if (reason == FinishReason::kNone &&
       seq->num_generated() >= params.max_tokens) {
     reason = FinishReason::kLength;
   }
-  if (reason == FinishReason::kNone) {
-    seq->on_output(out);
-    return false;
+  return reason;
+}
+
+void Engine::FlushText(Sequence* seq, FinishReason* reason,
+                       RequestOutput* out) {
+  if (seq->stop_checker->stopped()) return;
+  // Flush a held-back partial character and held-back stop-string prefix.
+  StopChecker::Result r = seq->stop_checker->Push(seq->detokenizer->Finish());
+  out->text += r.emit;
+  if (r.stopped) {
+    *reason = FinishReason::kStop;
+  } else {
+    out->text += seq->stop_checker->Finish();
   }
-  if (!seq->stop_checker->stopped()) {
-    // Flush a held-back partial character and held-back stop-string prefix.
-    StopChecker::Result r = seq->stop_checker->Push(seq->detokenizer->Finish());
-    out.text += r.emit;
-    if (r.stopped) {
-      reason = FinishReason::kStop;
-    } else {
-      out.text += seq->stop_checker->Finish();
-    }
-  }
-  scheduler_->Remove(seq);
-  Finish(seq, reason, std::move(out));
-  return true;
 }
 
 bool Engine::Step() {
   DrainInbox();
   std::vector<Sequence*> preempted;
-  std::vector<ScheduledItem> scheduled = scheduler_->Schedule(&preempted);
+  std::vector<ScheduledItem> scheduled;
+  {
+    absl::MutexLock lock(&cache_mu_);
+    scheduled = scheduler_->Schedule(&preempted);
+  }
   if (scheduled.empty()) return false;
 
   std::vector<ForwardItem> items;
@@ -223,11 +328,24 @@ bool Engine::Step() {
                         .subspan(seq->num_cached, s.num_tokens),
                     s.samples ? LogitsMode::kLast : LogitsMode::kNone});
   }
-  absl::Status status = runner_->Forward(items, &logits_);
+  // Prompts whose last chunk runs now stream each layer as it completes.
+  std::vector<KvHandoff*> streaming;
+  for (const ScheduledItem& s : scheduled) {
+    if (s.samples && s.seq->prefill_only() && s.seq->handoff == nullptr) {
+      StartHandoff(s.seq);
+      streaming.push_back(s.seq->handoff.get());
+    }
+  }
+  LayerDoneFn on_layer = nullptr;
+  if (!streaming.empty()) {
+    on_layer = [&streaming](int64_t layer) {
+      for (KvHandoff* h : streaming) h->LayerReady(layer);
+    };
+  }
+  absl::Status status = runner_->Forward(items, &logits_, on_layer);
   if (!status.ok()) {
     for (const ScheduledItem& s : scheduled) {
-      scheduler_->Remove(s.seq);
-      Finish(s.seq, FinishReason::kError, RequestOutput{}, status);
+      EndEarly(s.seq, FinishReason::kError, status);
     }
     return true;
   }
@@ -244,7 +362,9 @@ bool Engine::Step() {
 }
 
 void Engine::RunUntilIdle() {
-  while (HasWork()) Step();
+  while (HasWork()) {
+    if (!Step()) WaitForEvents();
+  }
 }
 
 }  // namespace baton

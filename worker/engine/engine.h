@@ -1,11 +1,23 @@
 // The inference engine of one worker: requests in, token streams out.
 // Each Step() is schedule -> run the model -> post-process (sample, detect
-// stops, detokenize, stream). Thread-safe: Submit and Cancel may be called
-// from any thread; Step runs on one engine thread (or the caller's).
+// stops, detokenize, stream). Thread-safe: Submit, SubmitPrefill, Cancel and
+// the import calls may be called from any thread; Step runs on one engine
+// thread (or the caller's).
+//
+// Prefill/decode disaggregation splits one request across two engines:
+//   prefill engine: SubmitPrefill -> first token (+ seed) -> KV handed to a
+//     KvSink layer by layer while the last chunk computes -> blocks freed
+//     once the sink confirms the last layer (or on failure / cancel).
+//   decode engine: ReserveImport (before the transfer) -> the receiver
+//     writes through ImportTarget / ImportDone -> StartImportedDecode with
+//     the first token -> the sequence decodes in the running batch.
+// Tokens are bit-identical to a colocated run (same seed, batch invariance).
 #ifndef BATON_WORKER_ENGINE_ENGINE_H_
 #define BATON_WORKER_ENGINE_ENGINE_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,12 +28,15 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/tokenizer/tokenizer.h"
+#include "worker/engine/kv_handoff.h"
+#include "worker/engine/kv_sink.h"
 #include "worker/engine/model_runner.h"
 #include "worker/engine/model_weights.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
 #include "worker/kv_cache/kv_cache.h"
+#include "worker/transport/kv_transport.h"
 
 namespace baton {
 
@@ -39,9 +54,40 @@ struct EngineOptions {
   uint64_t kv_cache_bytes = uint64_t{512} << 20;
 };
 
+struct PrefillOptions {
+  // Required: opens the destination when the prompt's last chunk starts
+  // (e.g. TcpKvSinkFactory(endpoint, transfer_id)).
+  KvSinkFactory make_sink;
+  // The handoff fails with DeadlineExceeded, and the blocks are freed, if
+  // the sink has not confirmed the last layer this long after it started.
+  Clock::duration timeout = std::chrono::seconds(30);
+};
+
+struct ImportOptions {
+  // Id of the transfer the prefill side will send (as in its KvSink).
+  uint64_t transfer_id = 0;
+  // Tokens the imported cache holds (the prompt), >= 1.
+  int64_t num_prompt_tokens = 0;
+  // The request's max_tokens; blocks are reserved for prompt + max_tokens.
+  int64_t max_tokens = 0;
+  // Optional, runs on the receiver's thread once the transfer ended: OK
+  // when every layer landed, otherwise the error (the blocks are then free
+  // already).
+  std::function<void(absl::Status)> on_landed;
+};
+
+struct ImportReservation {
+  int64_t num_blocks = 0;
+  // What the receiver writes into; valid until ImportDone for its transfer.
+  KvTransferTarget target;
+};
+
+// Counts of queues are exact on the engine thread; the KV counts anywhere.
 struct EngineStats {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
+  int64_t num_handoffs = 0;  // prefill-only requests handing off their KV
+  int64_t num_imports = 0;   // reserved imports not yet started
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
 };
@@ -65,11 +111,58 @@ class Engine {
   absl::Status Submit(GenerationRequest request, OutputCallback on_output);
   // Ends a live request with kCancelled and frees its blocks (at the next
   // Step). Unknown ids are ignored.
+  // A reserved import not yet started (see ReserveImport) is freed at once,
+  // or as soon as its in-flight transfer ends. A prefill-only request
+  // handing off aborts the handoff; its blocks are freed when the sender
+  // thread stops.
   void Cancel(const std::string& request_id);
+
+  // --- Prefill side ---
+  // Validates like Submit (only the prompt must fit the pool) and queues a
+  // prefill-only request: its prompt is prefilled (chunked like any other),
+  // the first token sampled with params, and its KV handed to
+  // options.make_sink layer by layer as the last chunk computes each layer
+  // (earlier chunks' layers are complete then; every layer is sent once).
+  // on_output gets the events described at PrefillOutput, on the engine
+  // thread. InvalidArgument as Submit, or if make_sink is missing.
+  absl::Status SubmitPrefill(GenerationRequest request, PrefillOptions options,
+                             PrefillCallback on_output);
+
+  // --- Decode side ---
+  // Reserves blocks for prompt + max_tokens tokens under request_id before
+  // the transfer starts. ResourceExhausted with the numbers if the pool
+  // cannot hold them now; InvalidArgument for a bad count or a request id /
+  // transfer id already in use.
+  absl::StatusOr<ImportReservation> ReserveImport(const std::string& request_id,
+                                                  const ImportOptions& options);
+  // KvReceiverCallbacks::lookup: the reservation of transfer_id (NotFound if
+  // none, FailedPrecondition if its transfer already started).
+  absl::StatusOr<KvTransferTarget> ImportTarget(uint64_t transfer_id);
+  // KvReceiverCallbacks::on_done: OK marks the import landed; an error frees
+  // the reservation (StartImportedDecode then returns that error).
+  void ImportDone(uint64_t transfer_id, absl::Status status);
+  // lookup and on_done bound to this engine (the engine must outlive the
+  // receiver).
+  KvReceiverCallbacks ImportCallbacks();
+  // Continues a request whose prompt KV has landed in its reservation.
+  // request: the original prompt and params, with params.seed set to the
+  // prefill's effective seed. generated: tokens sampled so far (at least the
+  // first). Replays them into the sampler (the random stream continues), the
+  // detokenizer and the stop checker, then joins the sequence to the running
+  // batch. on_output's stream carries the tokens after `generated` and the
+  // whole output text (generated's text included, as stop strings may span
+  // the handoff). NotFound for no reservation, FailedPrecondition while the
+  // transfer is in flight, the transfer's error if it failed (the
+  // reservation is then released), InvalidArgument for a prompt length or
+  // token that does not match.
+  absl::Status StartImportedDecode(GenerationRequest request,
+                                   std::vector<int32_t> generated,
+                                   OutputCallback on_output);
 
   // One engine iteration; returns false if there was nothing to do.
   bool Step();
-  // Steps until every submitted request has finished.
+  // Steps until every submitted request has finished (waiting, not spinning,
+  // while only handoffs are in flight).
   void RunUntilIdle();
   bool HasWork();
 
@@ -81,12 +174,53 @@ class Engine {
   Engine(const EngineOptions& options, const ModelWeights* weights,
          const Tokenizer* tokenizer)
       : options_(options), weights_(weights), tokenizer_(tokenizer) {}
+  // A decode-side reservation, from ReserveImport until StartImportedDecode
+  // (or Cancel). Guarded by Engine::cache_mu_.
+  struct ImportSlot {
+    enum class State { kReserved, kTransferring, kLanded, kFailed };
+    std::string request_id;
+    uint64_t transfer_id = 0;
+    int64_t num_tokens = 0;
+    int64_t max_tokens = 0;
+    BlockTable table;
+    State state = State::kReserved;
+    bool cancelled = false;  // Cancel arrived while transferring
+    absl::Status error;      // kFailed: why
+    std::function<void(absl::Status)> on_landed;
+  };
+
+  // Validation and per-request state shared by Submit and SubmitPrefill.
+  absl::StatusOr<std::unique_ptr<Sequence>> NewSequence(
+      GenerationRequest request, int64_t pool_tokens);
+  // Registers the id (unless id_reserved) and queues seq for the engine.
+  absl::Status Enqueue(std::unique_ptr<Sequence> seq, bool id_reserved);
   void DrainInbox();
+  // Adopts an arrived sequence (an imported one joins the running batch).
+  void Adopt(std::unique_ptr<Sequence> seq);
+  void CancelLive(const std::string& request_id);
   // Samples the next token for seq from logits and streams it; returns true
   // when the sequence finished.
   bool PostProcess(Sequence* seq, std::span<const float> logits);
+  // Appends the accepted token's text to out->text; returns why the sequence
+  // ends now (kNone: it goes on).
+  FinishReason AdvanceText(Sequence* seq, int32_t token, RequestOutput* out);
+  // Flushes held-back text of a sequence that ends for `*reason`.
+  void FlushText(Sequence* seq, FinishReason* reason, RequestOutput* out);
+  // Ends seq with an error or cancel, freeing its blocks (a handing-off
+  // sequence: aborts the handoff, which finishes it later).
+  void EndEarly(Sequence* seq, FinishReason reason, absl::Status status);
   void Finish(Sequence* seq, FinishReason reason, RequestOutput output,
               absl::Status error = absl::OkStatus());
+  // Ends a prefill-only sequence whose blocks are free.
+  void FinishPrefill(Sequence* seq, absl::Status status,
+                     const KvHandoffMetrics& handoff);
+  void StartHandoff(Sequence* seq);
+  // Finishes handoffs that completed or timed out; reaps detached ones.
+  void ProcessHandoffs(const std::vector<uint64_t>& completed);
+  void RemoveFromScheduler(Sequence* seq);
+  // Releases a reserved import not yet started; false if there is none.
+  bool CancelImport(const std::string& request_id);
+  void WaitForEvents();
 
   EngineOptions options_;
   const ModelWeights* weights_;
@@ -98,14 +232,29 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t next_arrival_ = 0;
 
+  // Guards the cache's allocation state (Reserve / Free / SetNumTokens of
+  // tables outside a Forward) against ReserveImport and cancels on other
+  // threads; receivers hold it shared around ImportLayer. The engine thread
+  // takes it exclusively only around scheduling and frees, never during
+  // Forward (which commits its own tables only).
+  absl::Mutex cache_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<ImportSlot>> imports_
+      ABSL_GUARDED_BY(cache_mu_);
+  absl::flat_hash_map<uint64_t, ImportSlot*> imports_by_transfer_
+      ABSL_GUARDED_BY(cache_mu_);
+
   // Owned by the engine thread.
   absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> live_;
   std::vector<float> logits_;
+  absl::flat_hash_map<uint64_t, Sequence*> handing_off_;  // by serial
+  std::vector<std::unique_ptr<KvHandoff>> detached_;      // timed out, joining
+  uint64_t next_handoff_serial_ = 1;
 
   absl::Mutex inbox_mu_;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(inbox_mu_);
   std::vector<std::string> cancels_ ABSL_GUARDED_BY(inbox_mu_);
   absl::flat_hash_map<std::string, bool> ids_ ABSL_GUARDED_BY(inbox_mu_);
+  std::vector<uint64_t> handoffs_done_ ABSL_GUARDED_BY(inbox_mu_);
 };
 
 }  // namespace baton

@@ -62,6 +62,39 @@ struct RequestOutput {
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
 
+// A prefill-only request's KV handoff, measured on the prefill side.
+struct KvHandoffMetrics {
+  uint64_t kv_bytes = 0;  // payload bytes handed to the sink, all layers
+  // Seconds from the start of the handoff (the last chunk's step) until the
+  // destination confirmed the last layer.
+  double transfer_s = 0.0;
+  // Seconds from the last layer's compute until the confirmation: the part
+  // of the transfer that layer-wise streaming did not hide.
+  double tail_s = 0.0;
+};
+
+// What a prefill-only request (Engine::SubmitPrefill) reports: first an
+// event with first_token set (done == false), as soon as it is sampled; then
+// exactly one event with done == true once the handoff ended and the
+// request's blocks are free. A request cancelled or failed before its first
+// token gets only the done event.
+struct PrefillOutput {
+  std::string request_id;
+  std::optional<TokenOutput> first_token;
+  // The sampler's effective seed: a decode engine continues the random
+  // stream with params.seed set to it.
+  uint64_t seed = 0;
+  bool done = false;
+  // On done: kNone when the destination confirmed every layer; kCancelled
+  // or kError (with `error` naming the cause) otherwise.
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status error;
+  KvHandoffMetrics handoff;  // on done
+  RequestMetrics metrics;    // on done
+};
+
+using PrefillCallback = std::function<void(const PrefillOutput&)>;
+
 }  // namespace baton
 
 #endif  // BATON_WORKER_ENGINE_REQUEST_H_

@@ -5,12 +5,16 @@
 namespace baton {
 
 void Scheduler::Remove(Sequence* seq) {
+  Detach(seq);
+  cache_->Free(seq->table);
+  seq->num_cached = 0;
+}
+
+void Scheduler::Detach(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq),
                  waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), seq),
                  running_.end());
-  cache_->Free(seq->table);
-  seq->num_cached = 0;
 }
 
 void Scheduler::Preempt(Sequence* seq) {

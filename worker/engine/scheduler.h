@@ -40,8 +40,15 @@ class Scheduler {
       : options_(options), cache_(cache) {}
 
   void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
+  // Joins a sequence whose blocks already hold its cached tokens (an
+  // imported one) straight to the running batch. It counts against
+  // max_num_seqs for later admissions only.
+  void AddRunning(Sequence* seq) { running_.push_back(seq); }
   // Removes seq from whichever queue holds it and frees its blocks.
   void Remove(Sequence* seq);
+  // Removes seq from whichever queue holds it; its blocks stay reserved
+  // (a prefill-only sequence whose cache is being handed off).
+  void Detach(Sequence* seq);
 
   // The next step's batch (empty when there is nothing to do). Preempted
   // sequences are reported in *preempted (their outputs so far stay valid).

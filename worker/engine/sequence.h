@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/tokenizer/incremental_decoder.h"
+#include "worker/engine/kv_handoff.h"
+#include "worker/engine/kv_sink.h"
 #include "worker/engine/request.h"
 #include "worker/kv_cache/block_table.h"
 #include "worker/sampler/sampler.h"
@@ -29,6 +32,22 @@ struct Sequence {
   std::unique_ptr<StopChecker> stop_checker;
   RequestMetrics metrics;
   uint64_t arrival_order = 0;  // FCFS key
+
+  // --- Prefill-only requests (on_prefill set instead of on_output) ---
+  PrefillCallback on_prefill;
+  KvSinkFactory make_sink;
+  // Started with the step that runs the prompt's last chunk.
+  std::unique_ptr<KvHandoff> handoff;
+  uint64_t handoff_serial = 0;
+  Clock::time_point handoff_deadline;
+  Clock::duration handoff_timeout{};
+
+  // --- Imported requests (Engine::StartImportedDecode) ---
+  // The first output, produced when the imported tokens were replayed into
+  // the detokenizer and stop checker; sent when the engine adopts it.
+  std::optional<RequestOutput> initial_output;
+
+  bool prefill_only() const { return static_cast<bool>(on_prefill); }
 
   int64_t num_generated() const {
     return static_cast<int64_t>(tokens.size()) - num_prompt;

@@ -1,0 +1,125 @@
+#include "worker/engine/kv_handoff.h"
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+KvHandoff::KvHandoff(const KvCache* cache, KvSinkInfo info,
+                     std::vector<int32_t> block_ids, KvSinkFactory make_sink,
+                     std::function<void()> on_done)
+    : cache_(cache),
+      info_(std::move(info)),
+      block_ids_(std::move(block_ids)),
+      make_sink_(std::move(make_sink)),
+      on_done_(std::move(on_done)),
+      start_(Clock::now()) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+KvHandoff::~KvHandoff() {
+  Abort(absl::CancelledError(
+      absl::StrCat("KV handoff of '", info_.request_id, "' abandoned")));
+  thread_.join();
+}
+
+void KvHandoff::LayerReady(int64_t layer) {
+  absl::MutexLock lock(&mu_);
+  if (layer + 1 > layers_ready_) layers_ready_ = layer + 1;
+  last_ready_ = Clock::now();
+}
+
+void KvHandoff::Abort(absl::Status reason) {
+  absl::MutexLock lock(&mu_);
+  if (!done_ && abort_.ok()) abort_ = std::move(reason);
+}
+
+void KvHandoff::Detach(absl::Status reason) {
+  Abort(std::move(reason));
+  absl::MutexLock lock(&copy_mu_);
+  detached_ = true;
+}
+
+bool KvHandoff::done() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+KvHandoffResult KvHandoff::result() const {
+  absl::MutexLock lock(&mu_);
+  return result_;
+}
+
+void KvHandoff::Run() {
+  const int64_t num_layers = info_.layout.num_layers;
+  const uint64_t chunk = cache_->chunk_bytes();
+  std::vector<uint8_t> staging(block_ids_.size() * chunk);
+  absl::Status status;
+  std::unique_ptr<KvSink> sink;
+  {
+    absl::StatusOr<std::unique_ptr<KvSink>> opened = make_sink_(info_);
+    if (opened.ok()) {
+      sink = std::move(*opened);
+    } else {
+      status = opened.status();
+    }
+  }
+  uint64_t bytes = 0;
+  for (int64_t layer = 0; status.ok() && layer < num_layers; ++layer) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, layer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return layers_ready_ > layer || !abort_.ok();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!abort_.ok()) {
+        status = abort_;
+        break;
+      }
+    }
+    {
+      absl::MutexLock lock(&copy_mu_);
+      if (detached_) break;  // abort_ is set: caught above next time
+      for (size_t i = 0; i < block_ids_.size(); ++i) {
+        std::memcpy(staging.data() + i * chunk,
+                    cache_->LayerBlock(layer, block_ids_[i]), chunk);
+      }
+    }
+    status = sink->SendLayer(layer, staging);
+    bytes += staging.size();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok() && !abort_.ok()) status = abort_;
+  }
+  if (status.ok()) {
+    status = sink->Finish();
+  } else if (sink != nullptr) {
+    sink->Abort(status);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok() && !abort_.ok()) status = abort_;  // detached meanwhile
+    const Clock::time_point now = Clock::now();
+    result_.status = status;
+    result_.metrics.kv_bytes = bytes;
+    result_.metrics.transfer_s = Seconds(now - start_);
+    result_.metrics.tail_s =
+        last_ready_ == Clock::time_point{} ? 0.0 : Seconds(now - last_ready_);
+    done_ = true;
+  }
+  if (on_done_) on_done_();
+}
+
+}  // namespace baton

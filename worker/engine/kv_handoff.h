@@ -1,0 +1,87 @@
+// Streams one prefilled sequence's KV cache to a KvSink on a sender thread
+// of its own, layer by layer as the engine reports layers complete, so the
+// engine thread never waits on the network.
+//
+// The engine thread calls LayerReady(l) after layer l of the prompt's last
+// chunk is written (every earlier chunk wrote its layers in earlier steps).
+// The sender thread copies that layer's blocks out of the pool into a staging
+// buffer and hands it to the sink, while the engine computes later layers
+// (different bytes of the pool). After the last layer it calls Finish() and
+// reports through on_done. The blocks must stay reserved until done() (or
+// until Detach() returned).
+#ifndef BATON_WORKER_ENGINE_KV_HANDOFF_H_
+#define BATON_WORKER_ENGINE_KV_HANDOFF_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/engine/kv_sink.h"
+#include "worker/engine/request.h"
+#include "worker/kv_cache/kv_cache.h"
+
+namespace baton {
+
+struct KvHandoffResult {
+  // OK iff the sink confirmed every layer.
+  absl::Status status;
+  KvHandoffMetrics metrics;
+};
+
+class KvHandoff {
+ public:
+  // Starts the sender thread, which opens the sink with make_sink(info).
+  // block_ids: the sequence's first BlocksNeeded(info.num_tokens) blocks.
+  // on_done runs once on the sender thread when the result is final.
+  KvHandoff(const KvCache* cache, KvSinkInfo info,
+            std::vector<int32_t> block_ids, KvSinkFactory make_sink,
+            std::function<void()> on_done);
+  // Aborts with Cancelled unless finished, and joins the thread.
+  ~KvHandoff();
+  KvHandoff(const KvHandoff&) = delete;
+  KvHandoff& operator=(const KvHandoff&) = delete;
+
+  // Layers 0..layer are complete in the pool. Never blocks on the sink.
+  void LayerReady(int64_t layer);
+  // Ends the handoff with `reason` (the sink is aborted) unless it already
+  // finished. Does not wait.
+  void Abort(absl::Status reason);
+  // Abort, then waits only for a copy out of the pool in progress: once it
+  // returns the thread never reads the pool again, so the blocks may be
+  // freed while the thread is still stuck in the sink.
+  void Detach(absl::Status reason);
+
+  bool done() const;
+  // REQUIRES: done().
+  KvHandoffResult result() const;
+
+ private:
+  void Run();
+
+  const KvCache* cache_;
+  const KvSinkInfo info_;
+  const std::vector<int32_t> block_ids_;
+  KvSinkFactory make_sink_;
+  std::function<void()> on_done_;
+  const Clock::time_point start_;
+
+  mutable absl::Mutex mu_;
+  int64_t layers_ready_ ABSL_GUARDED_BY(mu_) = 0;
+  Clock::time_point last_ready_ ABSL_GUARDED_BY(mu_);
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  KvHandoffResult result_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex copy_mu_;
+  bool detached_ ABSL_GUARDED_BY(copy_mu_) = false;
+
+  std::thread thread_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ENGINE_KV_HANDOFF_H_

@@ -1,0 +1,63 @@
+#include "worker/engine/kv_sink.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace baton {
+
+TransportKvSink::TransportKvSink(std::unique_ptr<KvSender> sender,
+                                 uint64_t transfer_id, std::string model_id,
+                                 const KvSinkInfo& info)
+    : sender_(std::move(sender)) {
+  header_.transfer_id = transfer_id;
+  header_.request_id = info.request_id;
+  header_.model_id = std::move(model_id);
+  header_.layout = info.layout;
+  header_.num_tokens = info.num_tokens;
+}
+
+absl::Status TransportKvSink::SendLayer(int64_t layer,
+                                        std::span<const uint8_t> bytes) {
+  header_.layer = layer;
+  header_.payload_bytes = bytes.size();
+  header_.checksum = KvChecksum(bytes);
+  return sender_->SendLayer(header_, bytes);
+}
+
+KvSinkFactory TcpKvSinkFactory(std::string endpoint, uint64_t transfer_id,
+                               std::string model_id,
+                               TcpKvSenderOptions options) {
+  return
+      [endpoint = std::move(endpoint), transfer_id,
+       model_id = std::move(model_id), options](
+          const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
+        BATON_ASSIGN_OR_RETURN(
+            std::unique_ptr<TcpKvSender> sender,
+            TcpKvSender::Connect(endpoint, transfer_id, options));
+        return std::unique_ptr<KvSink>(std::make_unique<TransportKvSink>(
+            std::move(sender), transfer_id, model_id, info));
+      };
+}
+
+absl::Status InMemoryKvSink::SendLayer(int64_t layer,
+                                       std::span<const uint8_t> bytes) {
+  if (layer != static_cast<int64_t>(state_->layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", layer, " arrived, expected ", state_->layers.size()));
+  }
+  state_->layers.emplace_back(bytes.begin(), bytes.end());
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryKvSink::Finish() {
+  state_->finished = true;
+  return absl::OkStatus();
+}
+
+void InMemoryKvSink::Abort(absl::Status reason) {
+  state_->aborted = std::move(reason);
+}
+
+}  // namespace baton

@@ -1,0 +1,97 @@
+// Where a prefill engine hands a sequence's KV cache: one layer at a time, in
+// layer order, then Finish. KvSink decouples the engine from the transports
+// (TCP today, NCCL later) and lets tests capture or break a handoff.
+#ifndef BATON_WORKER_ENGINE_KV_SINK_H_
+#define BATON_WORKER_ENGINE_KV_SINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/kv_cache/kv_layout.h"
+#include "worker/transport/kv_transport.h"
+#include "worker/transport/tcp_kv_transport.h"
+
+namespace baton {
+
+// What a sink is told when a handoff starts.
+struct KvSinkInfo {
+  std::string request_id;
+  KvLayout layout;         // the sending pool's layout
+  int64_t num_tokens = 0;  // tokens every layer carries
+};
+
+// One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1),
+// Finish(); or Abort(reason) at any point. bytes is the layer as produced by
+// KvCache::ExportLayer (BlocksNeeded(num_tokens) chunks, table order) and is
+// only valid during the call.
+class KvSink {
+ public:
+  virtual ~KvSink() = default;
+  virtual absl::Status SendLayer(int64_t layer,
+                                 std::span<const uint8_t> bytes) = 0;
+  // OK once the destination has every layer; otherwise its error.
+  virtual absl::Status Finish() = 0;
+  // Abandons the handoff; the destination learns `reason`. Best effort.
+  virtual void Abort(absl::Status reason) = 0;
+};
+
+// Opens the sink of one handoff; called on the handoff's sender thread.
+using KvSinkFactory =
+    std::function<absl::StatusOr<std::unique_ptr<KvSink>>(const KvSinkInfo&)>;
+
+// Adapts a KvSender: fills KvTransferHeader (ids, layout, tokens, layer,
+// payload bytes, KvChecksum) for every layer.
+class TransportKvSink : public KvSink {
+ public:
+  TransportKvSink(std::unique_ptr<KvSender> sender, uint64_t transfer_id,
+                  std::string model_id, const KvSinkInfo& info);
+  absl::Status SendLayer(int64_t layer,
+                         std::span<const uint8_t> bytes) override;
+  absl::Status Finish() override { return sender_->Finish(); }
+  void Abort(absl::Status reason) override {
+    sender_->Abort(std::move(reason));
+  }
+
+ private:
+  std::unique_ptr<KvSender> sender_;
+  KvTransferHeader header_;
+};
+
+// A factory connecting a TcpKvSender to `endpoint` for `transfer_id` when
+// the handoff starts.
+KvSinkFactory TcpKvSinkFactory(std::string endpoint, uint64_t transfer_id,
+                               std::string model_id = "",
+                               TcpKvSenderOptions options = {});
+
+// Keeps every layer in memory (tests). Read the State once the handoff
+// has ended (PrefillOutput.done).
+class InMemoryKvSink : public KvSink {
+ public:
+  struct State {
+    std::vector<std::vector<uint8_t>> layers;  // in arrival order
+    bool finished = false;
+    absl::Status aborted;  // OK unless Abort was called
+  };
+  explicit InMemoryKvSink(std::shared_ptr<State> state)
+      : state_(std::move(state)) {}
+  absl::Status SendLayer(int64_t layer,
+                         std::span<const uint8_t> bytes) override;
+  absl::Status Finish() override;
+  void Abort(absl::Status reason) override;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ENGINE_KV_SINK_H_
