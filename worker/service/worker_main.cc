@@ -1,0 +1,293 @@
+// `baton-worker`: one Engine behind the baton.v1.Worker gRPC service.
+//   baton-worker --role=prefill|decode|both --listen=127.0.0.1:PORT
+//                --model=PATH [--threads=N] [--kv_cache_mib=M]
+//                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
+// Serves the health service and reflection as well; with --coordinator it
+// registers and heartbeats, retrying while the coordinator is unreachable.
+// Stops on SIGINT / SIGTERM.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "cli/model_bundle.h"
+#include "worker/engine/engine.h"
+#include "worker/service/proto_convert.h"
+#include "worker/service/worker_service.h"
+
+ABSL_FLAG(std::string, role, "both", "prefill, decode or both");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port of the Worker gRPC service (port 0: any free port)");
+ABSL_FLAG(std::string, model, "", "GGUF file or HF folder");
+ABSL_FLAG(int32_t, threads, 1, "compute threads of the engine");
+ABSL_FLAG(int64_t, kv_cache_mib, 512, "KV pool size in MiB");
+ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
+          "host:port of the TCP KV receiver (decode and both roles)");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of baton-coordinator; empty: run standalone");
+
+namespace baton {
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "baton-worker: %s\n", line.c_str());
+}
+
+absl::StatusOr<v1::WorkerRole> ParseRole(const std::string& role) {
+  if (role == "prefill") return v1::WORKER_ROLE_PREFILL;
+  if (role == "decode") return v1::WORKER_ROLE_DECODE;
+  if (role == "both") return v1::WORKER_ROLE_BOTH;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--role: '", role, "' is not one of prefill, decode, both"));
+}
+
+absl::Status SplitHostPort(const std::string& address, std::string* host,
+                           int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), port) || *port < 0 ||
+      *port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not HOST:PORT"));
+  }
+  *host = address.substr(0, colon);
+  return absl::OkStatus();
+}
+
+// Registers with the coordinator, then heartbeats until `stop`; registers
+// again when the coordinator no longer knows this worker.
+class Registrar {
+ public:
+  Registrar(const std::string& coordinator, v1::RegisterWorkerRequest request,
+            WorkerService* service)
+      : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(
+            coordinator, grpc::InsecureChannelCredentials()))),
+        request_(std::move(request)),
+        service_(service),
+        thread_([this] { Run(); }) {}
+  ~Registrar() {
+    stop_.Notify();
+    thread_.join();
+    if (!worker_id_.empty()) {
+      v1::DeregisterWorkerRequest request;
+      request.set_worker_id(worker_id_);
+      request.set_epoch(epoch_);
+      v1::DeregisterWorkerResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(1));
+      stub_->DeregisterWorker(&context, request, &response).ok();
+    }
+  }
+
+ private:
+  static void SetDeadline(grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(2));
+  }
+
+  void Run() {
+    absl::Duration wait = absl::ZeroDuration();
+    while (!stop_.WaitForNotificationWithTimeout(wait)) {
+      if (worker_id_.empty()) {
+        v1::RegisterWorkerResponse response;
+        grpc::ClientContext context;
+        SetDeadline(&context);
+        const grpc::Status status =
+            stub_->RegisterWorker(&context, request_, &response);
+        if (!status.ok()) {
+          Log(absl::StrCat("register failed (", status.error_message(),
+                           "); retrying"));
+          wait = absl::Seconds(1);
+          continue;
+        }
+        worker_id_ = response.worker_id();
+        epoch_ = response.epoch();
+        interval_ = absl::Milliseconds(response.heartbeat_interval_ms() > 0
+                                           ? response.heartbeat_interval_ms()
+                                           : 500.0);
+        service_->SetWorkerRef(worker_id_, request_.address());
+        Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
+      }
+      v1::HeartbeatRequest heartbeat;
+      heartbeat.set_worker_id(worker_id_);
+      heartbeat.set_epoch(epoch_);
+      *heartbeat.mutable_load() = service_->Load();
+      for (const std::string& id : service_->LeasedRequestIds()) {
+        heartbeat.add_leased_request_ids(id);
+      }
+      v1::HeartbeatResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      const grpc::Status status =
+          stub_->Heartbeat(&context, heartbeat, &response);
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        Log(absl::StrCat("coordinator dropped this worker (",
+                         status.error_message(), "); re-registering"));
+        for (const std::string& id : service_->LeasedRequestIds()) {
+          service_->CancelRequest(id, "stale registration");
+        }
+        worker_id_.clear();
+        wait = absl::ZeroDuration();
+        continue;
+      }
+      if (!status.ok()) {
+        Log(absl::StrCat("heartbeat failed (", status.error_message(), ")"));
+      }
+      for (const std::string& id : response.orphaned_request_ids()) {
+        service_->CancelRequest(id, "orphaned");
+      }
+      wait = interval_;
+    }
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const v1::RegisterWorkerRequest request_;
+  WorkerService* const service_;
+  absl::Notification stop_;
+  std::string worker_id_;  // empty until registered; Run's thread only
+  uint64_t epoch_ = 0;
+  absl::Duration interval_ = absl::Milliseconds(500);
+  std::thread thread_;
+};
+
+int Main() {
+  // Signals are taken by sigwait below, so every thread must block them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto role = ParseRole(absl::GetFlag(FLAGS_role));
+  if (!role.ok()) {
+    Log(role.status().ToString());
+    return 2;
+  }
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  if (model_path.empty()) {
+    Log("--model is required");
+    return 2;
+  }
+  std::string kv_host;
+  int kv_port = 0;
+  if (absl::Status s =
+          SplitHostPort(absl::GetFlag(FLAGS_kv_listen), &kv_host, &kv_port);
+      !s.ok()) {
+    Log(absl::StrCat("--kv_listen: ", s.message()));
+    return 2;
+  }
+  std::string listen_host;
+  int listen_port = 0;
+  if (absl::Status s = SplitHostPort(absl::GetFlag(FLAGS_listen), &listen_host,
+                                     &listen_port);
+      !s.ok()) {
+    Log(absl::StrCat("--listen: ", s.message()));
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_threads) < 1 ||
+      absl::GetFlag(FLAGS_kv_cache_mib) < 1) {
+    Log("--threads and --kv_cache_mib must be >= 1");
+    return 2;
+  }
+
+  auto bundle = cli::LoadModelBundle(model_path);
+  if (!bundle.ok()) {
+    Log(bundle.status().ToString());
+    return 1;
+  }
+  EngineOptions engine_options;
+  engine_options.num_threads = absl::GetFlag(FLAGS_threads);
+  engine_options.kv_cache_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_cache_mib)) << 20;
+  auto engine = Engine::Create(engine_options, bundle->weights.get(),
+                               bundle->tokenizer.get());
+  if (!engine.ok()) {
+    Log(engine.status().ToString());
+    return 1;
+  }
+  const ModelConfig& config = (*engine)->config();
+  WorkerServiceOptions options;
+  options.role = *role;
+  options.model_id = !config.name.empty()
+                         ? config.name
+                         : std::filesystem::path(model_path).stem().string();
+  options.kv_host = kv_host;
+  options.kv_port = kv_port;
+  auto service = WorkerService::Create(options, engine->get());
+  if (!service.ok()) {
+    Log(service.status().ToString());
+    return 1;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service->get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    Log(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+    return 1;
+  }
+  const std::string address = absl::StrCat(listen_host, ":", port);
+  (*service)->SetWorkerRef("", address);
+  std::printf("baton-worker %s listening on %s, kv %s, model %s\n",
+              absl::GetFlag(FLAGS_role).c_str(), address.c_str(),
+              (*service)->kv_endpoint().c_str(), options.model_id.c_str());
+  std::fflush(stdout);
+
+  std::unique_ptr<Registrar> registrar;
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    v1::RegisterWorkerRequest request;
+    request.set_role(*role);
+    request.set_address(address);
+    request.set_model_id(options.model_id);
+    *request.mutable_kv_layout() = ToProto((*engine)->kv_cache().layout());
+    request.set_kv_blocks_total((*engine)->stats().kv_blocks_total);
+    request.add_kv_transports(v1::KV_TRANSPORT_HOST_TCP);
+    request.set_context_length(static_cast<int32_t>(config.context_length));
+    request.set_vocab_size(static_cast<int32_t>(config.vocab_size));
+    request.set_architecture(config.architecture);
+    registrar = std::make_unique<Registrar>(absl::GetFlag(FLAGS_coordinator),
+                                            std::move(request), service->get());
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  Log(absl::StrCat("signal ", signal_number, ", stopping"));
+  registrar.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  service->reset();
+  engine->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "baton-worker --role=prefill|decode|both --listen=HOST:PORT "
+      "--model=PATH [--threads=N] [--kv_cache_mib=M] [--kv_listen=HOST:PORT] "
+      "[--coordinator=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  return baton::Main();
+}

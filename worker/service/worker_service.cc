@@ -1,0 +1,655 @@
+#include "worker/service/worker_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/engine/kv_sink.h"
+#include "worker/service/proto_convert.h"
+
+namespace baton {
+
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+double MsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - start)
+      .count();
+}
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status StatusOfEnd(FinishReason reason, const absl::Status& error,
+                         absl::string_view what) {
+  if (reason == FinishReason::kCancelled) {
+    return absl::CancelledError(absl::StrCat(what, " cancelled"));
+  }
+  if (!error.ok()) return error;
+  return absl::InternalError(absl::StrCat(what, " ended without a result"));
+}
+
+}  // namespace
+
+// Turns one engine output stream into DecodeResponses: drops the first
+// `skip_tokens` tokens and `skip_text_bytes` bytes of text (already sent to
+// the client), closes the reactor on the final output. Engine thread only
+// once attached.
+class DecodeStream {
+ public:
+  DecodeStream(StreamReactor<v1::DecodeResponse>* reactor, int64_t skip_tokens,
+               int64_t skip_text_bytes, double kv_wait_ms)
+      : reactor_(reactor),
+        skip_tokens_(skip_tokens),
+        skip_text_bytes_(skip_text_bytes),
+        kv_wait_ms_(kv_wait_ms),
+        start_(SteadyClock::now()) {}
+
+  // Returns true on the final output (the reactor is closed then).
+  bool Forward(const RequestOutput& output) {
+    if (reactor_ == nullptr) return true;
+    v1::DecodeResponse response;
+    for (const TokenOutput& token : output.tokens) {
+      if (skip_tokens_ > 0) {
+        --skip_tokens_;
+        continue;
+      }
+      ++decode_tokens_;
+      response.add_token_ids(token.token);
+      if (token.logprob.has_value() || !token.processed.empty()) {
+        *response.add_logprobs() = ToProto(token);
+      }
+    }
+    absl::string_view text = output.text;
+    const int64_t drop =
+        std::min<int64_t>(skip_text_bytes_, static_cast<int64_t>(text.size()));
+    skip_text_bytes_ -= drop;
+    text.remove_prefix(drop);
+    response.set_text(std::string(text));
+    const bool final = output.finish_reason != FinishReason::kNone;
+    if (final) {
+      v1::DecodeResult* result = response.mutable_result();
+      result->set_finish_reason(ToProto(output.finish_reason));
+      if (!output.error.ok()) {
+        result->set_error_code(static_cast<int32_t>(output.error.code()));
+        result->set_error_message(std::string(output.error.message()));
+      }
+      result->set_decode_tokens(static_cast<int32_t>(decode_tokens_));
+      result->set_decode_ms(MsSince(start_));
+      result->set_kv_wait_ms(kv_wait_ms_);
+    }
+    if (final || response.token_ids_size() > 0 || !response.text().empty()) {
+      reactor_->Push(std::move(response));
+    }
+    if (final) {
+      reactor_->Close(grpc::Status::OK);
+      reactor_ = nullptr;
+    }
+    return final;
+  }
+
+ private:
+  StreamReactor<v1::DecodeResponse>* reactor_;
+  int64_t skip_tokens_;
+  int64_t skip_text_bytes_;
+  int64_t decode_tokens_ = 0;
+  double kv_wait_ms_;
+  SteadyClock::time_point start_;
+};
+
+// A colocated request run start to finish here. Guarded by
+// WorkerService::mu_.
+struct LocalRequest {
+  std::string id;
+  StreamReactor<v1::PrefillResponse>* prefill = nullptr;  // until first token
+  SteadyClock::time_point arrival;
+  std::vector<RequestOutput> buffered;  // output before Decode attached
+  std::unique_ptr<DecodeStream> decode;
+  bool finished = false;
+  bool cancelled = false;
+};
+
+absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
+    const WorkerServiceOptions& options, Engine* engine) {
+  if (engine == nullptr) {
+    return absl::InvalidArgumentError("WorkerService: engine is required");
+  }
+  if (options.role == v1::WORKER_ROLE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "WorkerService: role must be prefill, decode or both");
+  }
+  std::unique_ptr<WorkerService> service(new WorkerService(options, engine));
+  if (options.role != v1::WORKER_ROLE_PREFILL) {
+    TcpKvReceiverOptions receiver_options;
+    receiver_options.host = options.kv_host;
+    receiver_options.port = options.kv_port;
+    auto receiver =
+        TcpKvReceiver::Start(receiver_options, engine->ImportCallbacks());
+    if (!receiver.ok()) return receiver.status();
+    service->receiver_ = std::move(*receiver);
+  }
+  service->loop_ = std::make_unique<EngineLoop>(engine);
+  return service;
+}
+
+WorkerService::WorkerService(const WorkerServiceOptions& options,
+                             Engine* engine)
+    : options_(options),
+      engine_(engine),
+      // Transfer ids from different worker lifetimes should not collide.
+      next_transfer_id_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())
+                        << 8) {}
+
+WorkerService::~WorkerService() {
+  receiver_.reset();
+  loop_.reset();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, pending] : imports_) {
+    if (pending.waiting != nullptr) {
+      pending.waiting->Close(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
+    }
+  }
+  imports_.clear();
+}
+
+std::string WorkerService::kv_endpoint() const {
+  return receiver_ == nullptr ? std::string() : receiver_->endpoint();
+}
+
+void WorkerService::SetWorkerRef(const std::string& worker_id,
+                                 const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  ref_.set_worker_id(worker_id);
+  ref_.set_address(address);
+}
+
+v1::WorkerLoad WorkerService::Load() {
+  const EngineStats stats = engine_->stats();
+  v1::WorkerLoad load;
+  load.set_running_sequences(static_cast<int32_t>(stats.num_running));
+  load.set_waiting_requests(static_cast<int32_t>(stats.num_waiting));
+  load.set_kv_blocks_free(stats.kv_blocks_free);
+  load.set_kv_blocks_total(stats.kv_blocks_total);
+  load.set_active_transfers(
+      static_cast<int32_t>(stats.num_handoffs + stats.num_imports));
+  return load;
+}
+
+std::vector<std::string> WorkerService::LeasedRequestIds() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, unused] : imports_) ids.push_back(id);
+  for (const auto& [id, local] : locals_) {
+    if (!local->finished) ids.push_back(id);
+  }
+  for (const std::string& id : running_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
+    grpc::CallbackServerContext* /*context*/,
+    const v1::PrefillRequest* request) {
+  auto* reactor = new PrefillReactor();
+  absl::Status status = [&]() -> absl::Status {
+    if (request->request_id().empty()) {
+      return absl::InvalidArgumentError("request_id: required");
+    }
+    if (!options_.model_id.empty() && !request->model_id().empty() &&
+        request->model_id() != options_.model_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model_id: '", request->model_id(),
+                       "' is not served here ('", options_.model_id, "')"));
+    }
+    auto params = FromProto(request->sampling());
+    if (!params.ok()) return params.status();
+    GenerationRequest generation;
+    generation.id = request->request_id();
+    generation.prompt.assign(request->prompt_token_ids().begin(),
+                             request->prompt_token_ids().end());
+    generation.params = std::move(*params);
+    if (request->has_kv_target()) {
+      if (options_.role == v1::WORKER_ROLE_DECODE) {
+        return absl::FailedPreconditionError(
+            "Prefill: this worker has the decode role");
+      }
+      return StartSplitPrefill(*request, std::move(generation), reactor);
+    }
+    if (options_.role != v1::WORKER_ROLE_BOTH) {
+      return absl::InvalidArgumentError(
+          "kv_target: required on a worker whose role is not both");
+    }
+    return StartLocalRequest(std::move(generation), reactor);
+  }();
+  if (!status.ok()) {
+    reactor->Close(ToGrpcStatus(status));
+  } else {
+    loop_->Wake();
+  }
+  return reactor;
+}
+
+absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
+                                              GenerationRequest generation,
+                                              PrefillReactor* reactor) {
+  const v1::KvTarget& target = request.kv_target();
+  const v1::KvTransport transport = target.endpoint().transport();
+  if (transport != v1::KV_TRANSPORT_HOST_TCP &&
+      transport != v1::KV_TRANSPORT_UNSPECIFIED) {
+    return absl::UnimplementedError(absl::StrCat(
+        "kv_target.endpoint.transport: ", v1::KvTransport_Name(transport),
+        " is not supported here (HOST_TCP only)"));
+  }
+  if (target.endpoint().address().empty()) {
+    return absl::InvalidArgumentError("kv_target.endpoint.address: required");
+  }
+  uint64_t transfer_id = 0;
+  if (!absl::SimpleAtoi(target.transfer_id(), &transfer_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_target.transfer_id: '", target.transfer_id(),
+                     "' is not a transfer id from ReserveKv"));
+  }
+  const std::string id = generation.id;
+  const int num_layers = static_cast<int>(engine_->config().num_layers);
+  const SteadyClock::time_point arrival = SteadyClock::now();
+  PrefillOptions prefill_options;
+  prefill_options.make_sink = TcpKvSinkFactory(target.endpoint().address(),
+                                               transfer_id, options_.model_id);
+  prefill_options.timeout = options_.handoff_timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    running_.insert(id);
+  }
+  reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  absl::Status status = engine_->SubmitPrefill(
+      std::move(generation), std::move(prefill_options),
+      [this, reactor, id, num_layers, arrival](const PrefillOutput& out) {
+        if (!out.done) {
+          if (!out.first_token.has_value()) return;
+          v1::PrefillResponse response;
+          v1::PrefillFirstToken* first = response.mutable_first_token();
+          first->set_token_id(out.first_token->token);
+          if (out.first_token->logprob.has_value() ||
+              !out.first_token->processed.empty()) {
+            *first->mutable_logprobs() = ToProto(*out.first_token);
+          }
+          first->set_prefill_ms(MsSince(arrival));
+          reactor->Push(std::move(response));
+          return;
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          running_.erase(id);
+        }
+        if (out.finish_reason != FinishReason::kNone) {
+          reactor->Close(ToGrpcStatus(
+              StatusOfEnd(out.finish_reason, out.error, "prefill")));
+          return;
+        }
+        v1::PrefillResponse response;
+        v1::PrefillHandoff* handoff = response.mutable_handoff();
+        handoff->set_kv_transfer_bytes(
+            static_cast<int64_t>(out.handoff.kv_bytes));
+        handoff->set_kv_transfer_ms(out.handoff.transfer_s * 1e3);
+        handoff->set_kv_transfer_exposed_ms(out.handoff.tail_s * 1e3);
+        handoff->set_layers_sent(num_layers);
+        reactor->Push(std::move(response));
+        reactor->Close(grpc::Status::OK);
+      });
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    running_.erase(id);
+  }
+  return status;
+}
+
+absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
+                                              PrefillReactor* reactor) {
+  auto local = std::make_shared<LocalRequest>();
+  local->id = generation.id;
+  local->prefill = reactor;
+  local->arrival = SteadyClock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    if (locals_.contains(local->id) || imports_.contains(local->id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request_id: '", local->id, "' is already in use on this worker"));
+    }
+    locals_[local->id] = local;
+  }
+  const std::string id = local->id;
+  reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  absl::Status status = engine_->Submit(
+      std::move(generation),
+      [this, local](const RequestOutput& out) { OnLocalOutput(local, out); });
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    locals_.erase(id);
+  }
+  return status;
+}
+
+void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
+                                  const RequestOutput& out) {
+  const bool final = out.finish_reason != FinishReason::kNone;
+  absl::MutexLock lock(&mu_);
+  if (local->prefill != nullptr) {
+    if (!out.tokens.empty()) {
+      v1::PrefillResponse first;
+      v1::PrefillFirstToken* token = first.mutable_first_token();
+      token->set_token_id(out.tokens[0].token);
+      if (out.tokens[0].logprob.has_value() ||
+          !out.tokens[0].processed.empty()) {
+        *token->mutable_logprobs() = ToProto(out.tokens[0]);
+      }
+      token->set_prefill_ms(MsSince(local->arrival));
+      local->prefill->Push(std::move(first));
+      v1::PrefillResponse handoff;
+      handoff.mutable_handoff();  // the cache stays here: nothing moved
+      local->prefill->Push(std::move(handoff));
+      local->prefill->Close(grpc::Status::OK);
+      local->prefill = nullptr;
+    } else if (final) {
+      // Ended before its first token: nothing for a Decode to continue.
+      local->prefill->Close(
+          ToGrpcStatus(StatusOfEnd(out.finish_reason, out.error, "request")));
+      local->prefill = nullptr;
+      locals_.erase(local->id);
+      return;
+    }
+  }
+  if (local->decode != nullptr) {
+    local->decode->Forward(out);
+  } else {
+    local->buffered.push_back(out);
+  }
+  if (final) {
+    local->finished = true;
+    if (local->decode != nullptr || local->cancelled) locals_.erase(local->id);
+  }
+}
+
+grpc::ServerUnaryReactor* WorkerService::ReserveKv(
+    grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
+    v1::ReserveKvResponse* response) {
+  if (options_.role == v1::WORKER_ROLE_PREFILL) {
+    return FinishUnary(context, absl::FailedPreconditionError(
+                                    "ReserveKv: this worker has the prefill "
+                                    "role and receives no KV"));
+  }
+  const std::string& id = request->request_id();
+  if (id.empty()) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError("request_id: required"));
+  }
+  if (!options_.model_id.empty() && !request->model_id().empty() &&
+      request->model_id() != options_.model_id) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "model_id: '", request->model_id(),
+                                    "' differs from this worker's '",
+                                    options_.model_id, "'")));
+  }
+  if (request->has_kv_layout() &&
+      !LayoutEquals(request->kv_layout(), engine_->kv_cache().layout())) {
+    return FinishUnary(
+        context,
+        absl::InvalidArgumentError(absl::StrCat(
+            "kv_layout: ", request->kv_layout().ShortDebugString(),
+            " differs from this worker's ",
+            ToProto(engine_->kv_cache().layout()).ShortDebugString())));
+  }
+  if (request->num_prompt_tokens() < 1) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "num_prompt_tokens: ", request->num_prompt_tokens(),
+                           " must be >= 1")));
+  }
+  const uint64_t transfer_id = next_transfer_id_.fetch_add(1);
+  {
+    absl::MutexLock lock(&mu_);
+    if (imports_.contains(id) || locals_.contains(id)) {
+      return FinishUnary(context,
+                         absl::InvalidArgumentError(absl::StrCat(
+                             "request_id: '", id, "' already holds KV here")));
+    }
+    imports_[id].transfer_id = transfer_id;
+  }
+  ImportOptions import;
+  import.transfer_id = transfer_id;
+  import.num_prompt_tokens = request->num_prompt_tokens();
+  import.max_tokens = request->max_tokens();
+  import.on_landed = [ this, id ](absl::Status status) {
+    OnLanded(id, std::move(status));
+};
+absl::StatusOr<ImportReservation> reservation =
+    engine_->ReserveImport(id, import);
+if (!reservation.ok()) {
+  absl::MutexLock lock(&mu_);
+  imports_.erase(id);
+  return FinishUnary(context, reservation.status());
+}
+response->set_transfer_id(absl::StrCat(transfer_id));
+response->mutable_endpoint()->set_transport(v1::KV_TRANSPORT_HOST_TCP);
+response->mutable_endpoint()->set_address(receiver_->endpoint());
+response->set_blocks_reserved(reservation->num_blocks);
+return FinishUnary(context, absl::OkStatus());
+}  // namespace baton
+
+void WorkerService::OnLanded(const std::string& request_id,
+                             absl::Status status) {
+  DecodeReactor* waiting = nullptr;
+  v1::DecodeRequest request;
+  SteadyClock::time_point since;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(request_id);
+    if (it == imports_.end()) return;
+    PendingImport& pending = it->second;
+    pending.landed = true;
+    pending.landed_status = status;
+    if (pending.waiting == nullptr) return;
+    waiting = pending.waiting;
+    request = std::move(pending.waiting_request);
+    since = pending.waiting_since;
+    imports_.erase(it);
+  }
+  if (!status.ok()) {
+    waiting->Close(ToGrpcStatus(absl::AbortedError(
+        absl::StrCat("KV transfer failed: ", status.message()))));
+    return;
+  }
+  StartImportedDecode(request, waiting, since);
+}
+
+grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
+    grpc::CallbackServerContext* /*context*/,
+    const v1::DecodeRequest* request) {
+  auto* reactor = new DecodeReactor();
+  const std::string id = request->request_id();
+  const SteadyClock::time_point arrival = SteadyClock::now();
+  if (id.empty()) {
+    reactor->Close(
+        ToGrpcStatus(absl::InvalidArgumentError("request_id: required")));
+    return reactor;
+  }
+  reactor->SetOnCancel([this, id] { CancelRequest(id, "decode cancelled"); });
+  absl::Status landed;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status status = AttachDecodeLocked(*request, reactor, arrival);
+    if (status.code() != absl::StatusCode::kAlreadyExists) {
+      if (!status.ok()) reactor->Close(ToGrpcStatus(status));
+      return reactor;
+    }
+    // kAlreadyExists: the import has landed; start outside the lock.
+    auto it = imports_.find(id);
+    landed = it->second.landed_status;
+    imports_.erase(it);
+  }
+  if (!landed.ok()) {
+    reactor->Close(ToGrpcStatus(absl::AbortedError(
+        absl::StrCat("KV transfer failed: ", landed.message()))));
+  } else {
+    StartImportedDecode(*request, reactor, arrival);
+  }
+  return reactor;
+}
+
+absl::Status WorkerService::AttachDecodeLocked(
+    const v1::DecodeRequest& request, DecodeReactor* reactor,
+    SteadyClock::time_point arrival) {
+  const std::string& id = request.request_id();
+  if (auto local = locals_.find(id); local != locals_.end()) {
+    LocalRequest& entry = *local->second;
+    if (entry.decode != nullptr || entry.prefill != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request '", id,
+          entry.decode != nullptr ? "' already has a Decode stream"
+                                  : "' has not produced its first token"));
+    }
+    // The prefill stream carried the first token.
+    entry.decode = std::make_unique<DecodeStream>(
+        reactor, /*skip_tokens=*/1, request.emitted_text_bytes(), 0.0);
+    for (const RequestOutput& out : entry.buffered) entry.decode->Forward(out);
+    entry.buffered.clear();
+    if (entry.finished) locals_.erase(local);
+    return absl::OkStatus();
+  }
+  auto it = imports_.find(id);
+  if (it == imports_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "request '", id, "': no KV reservation or local request here"));
+  }
+  PendingImport& pending = it->second;
+  if (!request.transfer_id().empty() &&
+      request.transfer_id() != absl::StrCat(pending.transfer_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_id: '", request.transfer_id(),
+                     "' is not the reservation of request '", id, "'"));
+  }
+  if (pending.waiting != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request '", id, "' already has a Decode stream"));
+  }
+  if (!pending.landed) {
+    pending.waiting = reactor;
+    pending.waiting_request = request;
+    pending.waiting_since = arrival;
+    return absl::OkStatus();
+  }
+  return absl::AlreadyExistsError("landed");
+}
+
+void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
+                                        DecodeReactor* reactor,
+                                        SteadyClock::time_point arrival) {
+  auto params = FromProto(request.sampling());
+  GenerationRequest generation;
+  generation.id = request.request_id();
+  generation.prompt.assign(request.prompt_token_ids().begin(),
+                           request.prompt_token_ids().end());
+  std::vector<int32_t> generated(request.generated_token_ids().begin(),
+                                 request.generated_token_ids().end());
+  absl::Status status = params.status();
+  if (status.ok() && generated.empty()) {
+    status = absl::InvalidArgumentError(
+        "generated_token_ids: at least the prefill's first token is required");
+  }
+  if (!status.ok()) {
+    // The reservation must not outlive a Decode that cannot start.
+    engine_->Cancel(generation.id);
+    reactor->Close(ToGrpcStatus(status));
+    return;
+  }
+  generation.params = std::move(*params);
+  const std::string id = generation.id;
+  {
+    absl::MutexLock lock(&mu_);
+    running_.insert(id);
+  }
+  auto stream = std::make_shared<DecodeStream>(reactor, /*skip_tokens=*/0,
+                                               request.emitted_text_bytes(),
+                                               MsSince(arrival));
+  status = engine_->StartImportedDecode(
+      std::move(generation), std::move(generated),
+      [this, stream, id](const RequestOutput& out) {
+        if (stream->Forward(out)) {
+          absl::MutexLock lock(&mu_);
+          running_.erase(id);
+        }
+      });
+  if (!status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      running_.erase(id);
+    }
+    engine_->Cancel(id);
+    reactor->Close(ToGrpcStatus(status));
+    return;
+  }
+  loop_->Wake();
+}
+
+bool WorkerService::CancelRequest(const std::string& request_id,
+                                  const std::string& /*reason*/) {
+  engine_->Cancel(request_id);
+  DecodeReactor* waiting = nullptr;
+  bool found = false;
+  {
+    absl::MutexLock lock(&mu_);
+    found = running_.contains(request_id);
+    if (auto it = imports_.find(request_id); it != imports_.end()) {
+      found = true;
+      waiting = it->second.waiting;
+      imports_.erase(it);
+    }
+    if (auto it = locals_.find(request_id); it != locals_.end()) {
+      found = true;
+      it->second->cancelled = true;
+      if (it->second->finished) locals_.erase(it);
+    }
+  }
+  if (waiting != nullptr) {
+    waiting->Close(grpc::Status(grpc::StatusCode::CANCELLED,
+                                "request cancelled on the worker"));
+  }
+  loop_->Wake();
+  return found;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Cancel(
+    grpc::CallbackServerContext* context, const v1::CancelRequest* request,
+    v1::CancelResponse* response) {
+  const int64_t free_before = engine_->stats().kv_blocks_free;
+  response->set_found(CancelRequest(request->request_id(), request->reason()));
+  response->set_blocks_freed(
+      std::max<int64_t>(0, engine_->stats().kv_blocks_free - free_before));
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetWorkerStatus(
+    grpc::CallbackServerContext* context,
+    const v1::GetWorkerStatusRequest* /*request*/,
+    v1::GetWorkerStatusResponse* response) {
+  *response->mutable_load() = Load();
+  for (std::string& id : LeasedRequestIds()) {
+    response->add_leased_request_ids(std::move(id));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    *response->mutable_worker() = ref_;
+  }
+  response->set_role(options_.role);
+  return FinishUnary(context, absl::OkStatus());
+}
+
+}  // namespace baton

@@ -1,0 +1,150 @@
+// The baton.v1.Worker gRPC service around one Engine (callback API).
+//
+// Prefill: with a kv_target, Engine::SubmitPrefill hands the KV cache over
+//   TCP to the decode worker's receiver; the stream is first_token, then
+//   handoff. Without one (a BOTH worker), the whole request runs here: the
+//   stream is first_token then an empty handoff, and the remaining output is
+//   kept for a later Decode of the same request id on this worker.
+// ReserveKv: Engine::ReserveImport under a fresh transfer id; the endpoint
+//   is this worker's TcpKvReceiver.
+// Decode: Engine::StartImportedDecode once the import has landed (waiting
+//   for it if needed), or the colocated request's remaining stream.
+// Cancel: Engine::Cancel plus the end of any stream waiting here.
+// The engine runs on its own thread (EngineLoop); RPC handlers never compute.
+#ifndef BATON_WORKER_SERVICE_WORKER_SERVICE_H_
+#define BATON_WORKER_SERVICE_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "worker/engine/engine.h"
+#include "worker/service/engine_loop.h"
+#include "worker/service/stream_reactor.h"
+#include "worker/transport/tcp_kv_transport.h"
+
+namespace baton {
+
+struct WorkerServiceOptions {
+  v1::WorkerRole role = v1::WORKER_ROLE_BOTH;
+  // Quoted in KV headers and checked against ReserveKv / Prefill model ids
+  // (when both sides name one).
+  std::string model_id;
+  // Where the TcpKvReceiver for imports listens (port 0: any free port).
+  std::string kv_host = "127.0.0.1";
+  int kv_port = 0;
+  // A prefill's handoff fails (and frees its blocks) after this long.
+  std::chrono::milliseconds handoff_timeout{30000};
+};
+
+class DecodeStream;
+struct LocalRequest;
+
+class WorkerService final : public v1::Worker::CallbackService {
+ public:
+  // Starts the KV receiver (decode and both roles) and the engine thread.
+  // `engine` must outlive the service. InvalidArgument for a missing engine
+  // or an unspecified role; the receiver's error if it cannot listen.
+  static absl::StatusOr<std::unique_ptr<WorkerService>> Create(
+      const WorkerServiceOptions& options, Engine* engine);
+  // The gRPC server must be shut down first. Stops the receiver, then the
+  // engine thread.
+  ~WorkerService() override;
+  WorkerService(const WorkerService&) = delete;
+  WorkerService& operator=(const WorkerService&) = delete;
+
+  // host:port of the KV receiver; empty for a prefill-only worker.
+  std::string kv_endpoint() const;
+  // Identity reported by GetWorkerStatus (set once registered).
+  void SetWorkerRef(const std::string& worker_id, const std::string& address);
+  // Load right now, as heartbeats and GetWorkerStatus report it.
+  v1::WorkerLoad Load();
+  // Requests holding (or about to hold) blocks here.
+  std::vector<std::string> LeasedRequestIds();
+  // Frees every lease of request_id here, as the Cancel RPC does; returns
+  // whether the request was known.
+  bool CancelRequest(const std::string& request_id, const std::string& reason);
+
+  grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context,
+      const v1::PrefillRequest* request) override;
+  grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
+                                      const v1::ReserveKvRequest* request,
+                                      v1::ReserveKvResponse* response) override;
+  grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(
+      grpc::CallbackServerContext* context,
+      const v1::DecodeRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* GetWorkerStatus(
+      grpc::CallbackServerContext* context,
+      const v1::GetWorkerStatusRequest* request,
+      v1::GetWorkerStatusResponse* response) override;
+
+ private:
+  using PrefillReactor = StreamReactor<v1::PrefillResponse>;
+  using DecodeReactor = StreamReactor<v1::DecodeResponse>;
+
+  // A ReserveKv whose Decode has not started yet.
+  struct PendingImport {
+    uint64_t transfer_id = 0;
+    bool landed = false;
+    absl::Status landed_status;
+    // A Decode that arrived before the KV landed, and its request.
+    DecodeReactor* waiting = nullptr;
+    v1::DecodeRequest waiting_request;
+    std::chrono::steady_clock::time_point waiting_since;
+  };
+
+  WorkerService(const WorkerServiceOptions& options, Engine* engine);
+
+  absl::Status StartSplitPrefill(const v1::PrefillRequest& request,
+                                 GenerationRequest generation,
+                                 PrefillReactor* reactor);
+  absl::Status StartLocalRequest(GenerationRequest generation,
+                                 PrefillReactor* reactor);
+  void OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
+                     const RequestOutput& output);
+  // Runs on the receiver's thread when an import ended.
+  void OnLanded(const std::string& request_id, absl::Status status);
+  // Attaches a Decode to a local request or a pending import (OK: the
+  // reactor is now owned by it). AlreadyExists: the import has landed and
+  // the caller starts it. Other errors: the caller closes the reactor.
+  absl::Status AttachDecodeLocked(const v1::DecodeRequest& request,
+                                  DecodeReactor* reactor,
+                                  std::chrono::steady_clock::time_point arrival)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // StartImportedDecode for a landed import; closes the reactor on error.
+  void StartImportedDecode(const v1::DecodeRequest& request,
+                           DecodeReactor* reactor,
+                           std::chrono::steady_clock::time_point arrival);
+
+  const WorkerServiceOptions options_;
+  Engine* const engine_;
+  std::unique_ptr<TcpKvReceiver> receiver_;
+  std::unique_ptr<EngineLoop> loop_;
+  std::atomic<uint64_t> next_transfer_id_;
+
+  absl::Mutex mu_;
+  v1::WorkerRef ref_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, PendingImport> imports_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<LocalRequest>> locals_
+      ABSL_GUARDED_BY(mu_);
+  // Split prefills and imported decodes running in the engine.
+  absl::flat_hash_set<std::string> running_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_SERVICE_WORKER_SERVICE_H_

@@ -1,0 +1,488 @@
+// WorkerService over loopback gRPC: a request split across a prefill and a
+// decode worker (KV over TCP) and a colocated one give the tokens of a
+// single in-process engine; Cancel frees every block; bad requests get the
+// status codes of their errors.
+#include "worker/service/worker_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "baton/v1/worker.grpc.pb.h"
+#include "common/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/engine/engine.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kSeed = 1234;
+constexpr int kMaxTokens = 8;
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::string text;
+};
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(60));
+  return context;
+}
+
+// One worker: engine, service and gRPC server on 127.0.0.1:0.
+struct TestWorker {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<WorkerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<v1::Worker::Stub> stub;
+
+  ~TestWorker() {
+    if (server != nullptr) {
+      server->Shutdown(std::chrono::system_clock::now() +
+                       std::chrono::seconds(1));
+    }
+    service.reset();
+    engine.reset();
+  }
+
+  v1::WorkerLoad Load() {
+    v1::GetWorkerStatusResponse response;
+    auto context = Context();
+    const grpc::Status status = stub->GetWorkerStatus(
+        context.get(), v1::GetWorkerStatusRequest(), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.load();
+  }
+
+  // Polls (bounded) until every block is free; returns the last load.
+  v1::WorkerLoad WaitAllFree() {
+    v1::WorkerLoad load;
+    for (int i = 0; i < 500; ++i) {
+      load = Load();
+      if (load.kv_blocks_free() == load.kv_blocks_total()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return load;
+  }
+};
+
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto weights = ModelWeights::Open(testing::DefaultModelPath());
+    ASSERT_TRUE(weights.ok())
+        << weights.status() << " (run scripts/setup.sh to fetch the model)";
+    weights_ = weights->release();
+    auto tokenizer = Tokenizer::FromGguf(*weights_->gguf());
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = tokenizer->release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete weights_;
+  }
+
+  static std::unique_ptr<Engine> MakeEngine() {
+    EngineOptions options;
+    options.num_threads = 1;
+    options.kv_cache_blocks = 64;
+    auto engine = Engine::Create(options, weights_, tokenizer_);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+
+  static std::unique_ptr<TestWorker> StartWorker(v1::WorkerRole role) {
+    auto worker = std::make_unique<TestWorker>();
+    worker->engine = MakeEngine();
+    if (worker->engine == nullptr) return nullptr;
+    WorkerServiceOptions options;
+    options.role = role;
+    options.model_id = "smollm2";
+    auto service = WorkerService::Create(options, worker->engine.get());
+    EXPECT_TRUE(service.ok()) << service.status();
+    if (!service.ok()) return nullptr;
+    worker->service = std::move(*service);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(worker->service.get());
+    worker->server = builder.BuildAndStart();
+    EXPECT_NE(worker->server, nullptr);
+    EXPECT_GT(port, 0);
+    worker->stub = v1::Worker::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()));
+    return worker;
+  }
+
+  static std::vector<int32_t> Prompt(const std::string& user) {
+    return tokenizer_->Encode("<|im_start|>user\n" + user +
+                              "<|im_end|>\n<|im_start|>assistant\n");
+  }
+
+  static v1::SamplingParams Greedy(int max_tokens = kMaxTokens) {
+    v1::SamplingParams sampling;
+    sampling.set_temperature(0.0);
+    sampling.set_seed(kSeed);
+    sampling.set_max_tokens(max_tokens);
+    sampling.set_ignore_eos(true);
+    return sampling;
+  }
+
+  // The same request on one in-process engine.
+  static Generated Reference(const std::vector<int32_t>& prompt) {
+    std::unique_ptr<Engine> engine = MakeEngine();
+    GenerationRequest request;
+    request.id = "reference";
+    request.prompt = prompt;
+    request.params.temperature = 0.0;
+    request.params.seed = kSeed;
+    request.params.max_tokens = kMaxTokens;
+    request.params.ignore_eos = true;
+    Generated out;
+    EXPECT_TRUE(engine
+                    ->Submit(request,
+                             [&out](const RequestOutput& o) {
+                               for (const TokenOutput& t : o.tokens) {
+                                 out.tokens.push_back(t.token);
+                               }
+                               out.text += o.text;
+                             })
+                    .ok());
+    engine->RunUntilIdle();
+    return out;
+  }
+
+  // Reads a Prefill stream: the first token, and whether a handoff came.
+  static grpc::Status RunPrefill(TestWorker& worker,
+                                 const v1::PrefillRequest& request,
+                                 int32_t* first, bool* handoff) {
+    auto context = Context();
+    auto reader = worker.stub->Prefill(context.get(), request);
+    v1::PrefillResponse response;
+    *handoff = false;
+    while (reader->Read(&response)) {
+      if (response.has_first_token())
+        *first = response.first_token().token_id();
+      if (response.has_handoff()) *handoff = true;
+    }
+    return reader->Finish();
+  }
+
+  static grpc::Status RunDecode(TestWorker& worker,
+                                const v1::DecodeRequest& request,
+                                Generated* out, v1::DecodeResult* result) {
+    auto context = Context();
+    auto reader = worker.stub->Decode(context.get(), request);
+    v1::DecodeResponse response;
+    while (reader->Read(&response)) {
+      for (int32_t t : response.token_ids()) out->tokens.push_back(t);
+      out->text += response.text();
+      if (response.has_result()) *result = response.result();
+    }
+    return reader->Finish();
+  }
+
+  static ModelWeights* weights_;
+  static Tokenizer* tokenizer_;
+};
+
+ModelWeights* WorkerServiceTest::weights_ = nullptr;
+Tokenizer* WorkerServiceTest::tokenizer_ = nullptr;
+
+TEST_F(WorkerServiceTest, SplitRequestMatchesInProcessEngine) {
+  auto prefill = StartWorker(v1::WORKER_ROLE_PREFILL);
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(prefill, nullptr);
+  ASSERT_NE(decode, nullptr);
+  const std::vector<int32_t> prompt = Prompt("Name three colors.");
+  const Generated expected = Reference(prompt);
+  ASSERT_EQ(expected.tokens.size(), static_cast<size_t>(kMaxTokens));
+
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("split-1");
+  reserve.set_model_id("smollm2");
+  reserve.set_num_prompt_tokens(static_cast<int32_t>(prompt.size()));
+  reserve.set_max_tokens(kMaxTokens);
+  v1::ReserveKvResponse reserved;
+  {
+    auto context = Context();
+    const grpc::Status status =
+        decode->stub->ReserveKv(context.get(), reserve, &reserved);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_GT(reserved.blocks_reserved(), 0);
+  EXPECT_EQ(reserved.endpoint().address(), decode->service->kv_endpoint());
+
+  v1::PrefillRequest request;
+  request.set_request_id("split-1");
+  request.set_model_id("smollm2");
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *request.mutable_sampling() = Greedy();
+  *request.mutable_kv_target()->mutable_endpoint() = reserved.endpoint();
+  request.mutable_kv_target()->set_transfer_id(reserved.transfer_id());
+  int32_t first = -1;
+  bool handoff = false;
+  const grpc::Status prefilled =
+      RunPrefill(*prefill, request, &first, &handoff);
+  ASSERT_TRUE(prefilled.ok()) << prefilled.error_message();
+  EXPECT_TRUE(handoff);
+  EXPECT_EQ(first, expected.tokens[0]);
+
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id("split-1");
+  decode_request.set_transfer_id(reserved.transfer_id());
+  decode_request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *decode_request.mutable_sampling() = Greedy();
+  decode_request.add_generated_token_ids(first);
+  Generated rest;
+  v1::DecodeResult result;
+  const grpc::Status decoded =
+      RunDecode(*decode, decode_request, &rest, &result);
+  ASSERT_TRUE(decoded.ok()) << decoded.error_message();
+  std::vector<int32_t> tokens = {first};
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, expected.tokens);
+  EXPECT_EQ(rest.text, expected.text);  // the whole text, first token's too
+  EXPECT_EQ(result.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(result.decode_tokens(), kMaxTokens - 1);
+
+  const v1::WorkerLoad p = prefill->WaitAllFree();
+  const v1::WorkerLoad d = decode->WaitAllFree();
+  EXPECT_EQ(p.kv_blocks_free(), p.kv_blocks_total());
+  EXPECT_EQ(d.kv_blocks_free(), d.kv_blocks_total());
+}
+
+// Decode is called before the KV has landed: it waits for the transfer.
+TEST_F(WorkerServiceTest, DecodeBeforeTransferWaitsForIt) {
+  auto prefill = StartWorker(v1::WORKER_ROLE_PREFILL);
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(prefill, nullptr);
+  ASSERT_NE(decode, nullptr);
+  const std::vector<int32_t> prompt = Prompt("Count to five.");
+  const Generated expected = Reference(prompt);
+
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("early-1");
+  reserve.set_num_prompt_tokens(static_cast<int32_t>(prompt.size()));
+  reserve.set_max_tokens(kMaxTokens);
+  v1::ReserveKvResponse reserved;
+  {
+    auto context = Context();
+    ASSERT_TRUE(
+        decode->stub->ReserveKv(context.get(), reserve, &reserved).ok());
+  }
+  // The prefill's first token is known from the reference run, so Decode can
+  // be sent before the prefill starts.
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id("early-1");
+  decode_request.set_transfer_id(reserved.transfer_id());
+  decode_request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *decode_request.mutable_sampling() = Greedy();
+  decode_request.add_generated_token_ids(expected.tokens[0]);
+  Generated rest;
+  v1::DecodeResult result;
+  grpc::Status decoded;
+  std::thread decoder(
+      [&] { decoded = RunDecode(*decode, decode_request, &rest, &result); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_THAT(decode->service->LeasedRequestIds(),
+              ::testing::ElementsAre("early-1"));
+
+  v1::PrefillRequest request;
+  request.set_request_id("early-1");
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *request.mutable_sampling() = Greedy();
+  *request.mutable_kv_target()->mutable_endpoint() = reserved.endpoint();
+  request.mutable_kv_target()->set_transfer_id(reserved.transfer_id());
+  int32_t first = -1;
+  bool handoff = false;
+  const grpc::Status prefilled =
+      RunPrefill(*prefill, request, &first, &handoff);
+  decoder.join();
+  ASSERT_TRUE(prefilled.ok()) << prefilled.error_message();
+  ASSERT_TRUE(decoded.ok()) << decoded.error_message();
+  std::vector<int32_t> tokens = {first};
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, expected.tokens);
+  EXPECT_GT(result.kv_wait_ms(), 0.0);
+  const v1::WorkerLoad d = decode->WaitAllFree();
+  EXPECT_EQ(d.kv_blocks_free(), d.kv_blocks_total());
+  EXPECT_TRUE(decode->service->LeasedRequestIds().empty());
+}
+
+// A transfer id nobody reserved: the prefill fails with the receiver's
+// error and both workers keep every block.
+TEST_F(WorkerServiceTest, PrefillToUnknownTransferFailsAndFrees) {
+  auto prefill = StartWorker(v1::WORKER_ROLE_PREFILL);
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(prefill, nullptr);
+  ASSERT_NE(decode, nullptr);
+  v1::PrefillRequest request;
+  request.set_request_id("orphan-1");
+  const std::vector<int32_t> prompt = Prompt("Hi.");
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *request.mutable_sampling() = Greedy();
+  request.mutable_kv_target()->mutable_endpoint()->set_transport(
+      v1::KV_TRANSPORT_HOST_TCP);
+  request.mutable_kv_target()->mutable_endpoint()->set_address(
+      decode->service->kv_endpoint());
+  request.mutable_kv_target()->set_transfer_id("777");
+  int32_t first = -1;
+  bool handoff = false;
+  const grpc::Status status = RunPrefill(*prefill, request, &first, &handoff);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("777"));
+  EXPECT_FALSE(handoff);
+  const v1::WorkerLoad p = prefill->WaitAllFree();
+  EXPECT_EQ(p.kv_blocks_free(), p.kv_blocks_total());
+  const v1::WorkerLoad d = decode->WaitAllFree();
+  EXPECT_EQ(d.kv_blocks_free(), d.kv_blocks_total());
+}
+
+TEST_F(WorkerServiceTest, ColocatedRequestMatchesInProcessEngine) {
+  auto both = StartWorker(v1::WORKER_ROLE_BOTH);
+  ASSERT_NE(both, nullptr);
+  const std::vector<int32_t> prompt = Prompt("Say hello.");
+  const Generated expected = Reference(prompt);
+
+  v1::PrefillRequest request;
+  request.set_request_id("local-1");
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *request.mutable_sampling() = Greedy();
+  int32_t first = -1;
+  bool handoff = false;
+  const grpc::Status prefilled = RunPrefill(*both, request, &first, &handoff);
+  ASSERT_TRUE(prefilled.ok()) << prefilled.error_message();
+  EXPECT_TRUE(handoff);
+  EXPECT_EQ(first, expected.tokens[0]);
+
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id("local-1");
+  decode_request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *decode_request.mutable_sampling() = Greedy();
+  decode_request.add_generated_token_ids(first);
+  Generated rest;
+  v1::DecodeResult result;
+  const grpc::Status decoded = RunDecode(*both, decode_request, &rest, &result);
+  ASSERT_TRUE(decoded.ok()) << decoded.error_message();
+  std::vector<int32_t> tokens = {first};
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, expected.tokens);
+  EXPECT_EQ(rest.text, expected.text);
+  EXPECT_EQ(result.finish_reason(), v1::FINISH_REASON_LENGTH);
+  const v1::WorkerLoad load = both->WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+}
+
+TEST_F(WorkerServiceTest, CancelFreesBlocks) {
+  auto both = StartWorker(v1::WORKER_ROLE_BOTH);
+  ASSERT_NE(both, nullptr);
+  // A reservation whose transfer never comes.
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("reserved-1");
+  reserve.set_num_prompt_tokens(40);
+  reserve.set_max_tokens(100);
+  v1::ReserveKvResponse reserved;
+  {
+    auto context = Context();
+    ASSERT_TRUE(both->stub->ReserveKv(context.get(), reserve, &reserved).ok());
+  }
+  v1::WorkerLoad load = both->Load();
+  EXPECT_EQ(load.kv_blocks_free(),
+            load.kv_blocks_total() - reserved.blocks_reserved());
+  // A colocated request that would run long.
+  v1::PrefillRequest request;
+  request.set_request_id("long-1");
+  const std::vector<int32_t> prompt = Prompt("Tell a long story.");
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  *request.mutable_sampling() = Greedy(/*max_tokens=*/400);
+  int32_t first = -1;
+  bool handoff = false;
+  ASSERT_TRUE(RunPrefill(*both, request, &first, &handoff).ok());
+  EXPECT_LT(both->Load().kv_blocks_free(), load.kv_blocks_free());
+
+  for (const char* id : {"reserved-1", "long-1"}) {
+    v1::CancelRequest cancel;
+    cancel.set_request_id(id);
+    cancel.set_reason("test");
+    v1::CancelResponse cancelled;
+    auto context = Context();
+    ASSERT_TRUE(both->stub->Cancel(context.get(), cancel, &cancelled).ok());
+    EXPECT_TRUE(cancelled.found()) << id;
+  }
+  load = both->WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+  // Idempotent: a second cancel of the same id is OK and finds nothing.
+  v1::CancelRequest cancel;
+  cancel.set_request_id("reserved-1");
+  v1::CancelResponse cancelled;
+  auto context = Context();
+  ASSERT_TRUE(both->stub->Cancel(context.get(), cancel, &cancelled).ok());
+  EXPECT_FALSE(cancelled.found());
+  // The cancelled local request is gone: its Decode is NOT_FOUND.
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id("long-1");
+  *decode_request.mutable_sampling() = Greedy();
+  Generated rest;
+  v1::DecodeResult result;
+  EXPECT_EQ(RunDecode(*both, decode_request, &rest, &result).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(WorkerServiceTest, BadRequestsGetTheirStatusCodes) {
+  auto both = StartWorker(v1::WORKER_ROLE_BOTH);
+  ASSERT_NE(both, nullptr);
+  v1::PrefillRequest request;
+  request.set_request_id("bad-1");
+  request.add_prompt_token_ids(1);
+  *request.mutable_sampling() = Greedy();
+  request.mutable_sampling()->set_temperature(-1.0);
+  int32_t first = -1;
+  bool handoff = false;
+  grpc::Status status = RunPrefill(*both, request, &first, &handoff);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("temperature"));
+
+  request.mutable_sampling()->set_temperature(0.0);
+  request.mutable_sampling()->clear_seed();
+  status = RunPrefill(*both, request, &first, &handoff);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("sampling.seed"));
+
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id("never-seen");
+  *decode_request.mutable_sampling() = Greedy();
+  decode_request.add_generated_token_ids(1);
+  Generated rest;
+  v1::DecodeResult result;
+  status = RunDecode(*both, decode_request, &rest, &result);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("never-seen"));
+
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("huge-1");
+  reserve.set_num_prompt_tokens(64 * 16);
+  reserve.set_max_tokens(16);
+  v1::ReserveKvResponse reserved;
+  auto context = Context();
+  status = both->stub->ReserveKv(context.get(), reserve, &reserved);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  const v1::WorkerLoad load = both->WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+}
+
+}  // namespace
+}  // namespace baton
