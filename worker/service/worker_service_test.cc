@@ -64,11 +64,16 @@ struct TestWorker {
   }
 
   // Polls (bounded) until every block is free; returns the last load.
+  // Blocks and the lease list are released on the engine and transport
+  // threads after the client's stream ends, so wait (up to 5 s) for both.
   v1::WorkerLoad WaitAllFree() {
     v1::WorkerLoad load;
     for (int i = 0; i < 500; ++i) {
       load = Load();
-      if (load.kv_blocks_free() == load.kv_blocks_total()) break;
+      if (load.kv_blocks_free() == load.kv_blocks_total() &&
+          service->LeasedRequestIds().empty()) {
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return load;
