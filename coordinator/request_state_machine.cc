@@ -5,21 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "coordinator/request_leases.h"
 
 namespace baton::coordinator {
-namespace {
 
-// A live lease of a request and the action that ends it.
-struct Held {
-  WorkerRef worker;
-  CleanupAction::Kind kind;
-};
-
-bool Matches(const WorkerRef& holder, const WorkerRef& down) {
-  return holder.id == down.id && holder.epoch <= down.epoch;
-}
-
-}  // namespace
+using internal::Held;
+using internal::HeldLeases;
+using internal::Matches;
 
 absl::string_view RequestStateName(RequestState state) {
   switch (state) {
@@ -61,35 +53,6 @@ std::ostream& operator<<(std::ostream& os, const CleanupAction& action) {
                                                             : "CancelOnWorker{")
             << action.worker << ", " << action.request_id << "}";
 }
-
-namespace {
-
-// The leases a record in its state holds (table in the header), prefill
-// side first.
-std::vector<Held> HeldLeases(RequestState state,
-                             const std::optional<WorkerRef>& prefill,
-                             const std::optional<WorkerRef>& decode,
-                             bool colocated) {
-  using Kind = CleanupAction::Kind;
-  switch (state) {
-    case RequestState::kQueued:
-      if (decode.has_value()) return {Held{*decode, Kind::kFreeKv}};
-      return {};
-    case RequestState::kPrefilling:
-      if (colocated) return {Held{*prefill, Kind::kCancelOnWorker}};
-      return {Held{*prefill, Kind::kCancelOnWorker},
-              Held{*decode, Kind::kFreeKv}};
-    case RequestState::kTransferring:
-      return {Held{*prefill, Kind::kCancelOnWorker},
-              Held{*decode, Kind::kFreeKv}};
-    case RequestState::kDecoding:
-      return {Held{*decode, Kind::kCancelOnWorker}};
-    default:
-      return {};
-  }
-}
-
-}  // namespace
 
 RequestStateMachine::RequestStateMachine(
     const RequestStateMachineOptions& options)
@@ -382,56 +345,6 @@ absl::StatusOr<Transition> RequestStateMachine::OnPhaseFailed(
     return s;
   }
   return TerminateLocked(request_id, rec, RequestState::kFailed, error);
-}
-
-std::vector<Transition> RequestStateMachine::ExpireDeadlines(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  std::vector<Transition> out;
-  for (auto& [id, rec] : requests_) {
-    if (IsTerminal(rec.state) || rec.spec.deadline > now) continue;
-    out.push_back(
-        TerminateLocked(id, rec, RequestState::kFailed,
-                        absl::DeadlineExceededError(absl::StrCat(
-                            "request '", id, "': deadline expired in ",
-                            RequestStateName(rec.state)))));
-  }
-  return out;
-}
-
-std::vector<Transition> RequestStateMachine::OnWorkerDown(
-    const WorkerRef& worker) {
-  absl::MutexLock lock(&mu_);
-  std::vector<Transition> out;
-  for (auto& [id, rec] : requests_) {
-    bool involved = false;
-    for (const Held& h :
-         HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated)) {
-      involved = involved || Matches(h.worker, worker);
-    }
-    if (!involved) continue;
-    const absl::Status down = absl::UnavailableError(absl::StrCat(
-        "request '", id, "': worker ", WorkerRefString(worker),
-        " went down in ", RequestStateName(rec.state), "; retry the request"));
-    if (rec.state == RequestState::kQueued) {
-      out.push_back(
-          DropReservationLocked(id, rec, LeaseRelease::kWorkerDown, down));
-    } else {
-      out.push_back(
-          TerminateLocked(id, rec, RequestState::kFailed, down, worker));
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> RequestStateMachine::Orphans(
-    const WorkerRef& worker,
-    const std::vector<std::string>& leased_request_ids) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const std::string& id : leased_request_ids) {
-    if (!ledger_.Holds(worker, id)) out.push_back(id);
-  }
-  return out;
 }
 
 absl::StatusOr<RequestSnapshot> RequestStateMachine::Get(

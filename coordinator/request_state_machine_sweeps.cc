@@ -1,0 +1,62 @@
+// The state machine's sweeps: deadlines, dead workers and orphaned leases.
+#include "absl/strings/str_cat.h"
+#include "coordinator/request_leases.h"
+#include "coordinator/request_state_machine.h"
+
+namespace baton::coordinator {
+
+using internal::Held;
+using internal::HeldLeases;
+using internal::Matches;
+
+std::vector<Transition> RequestStateMachine::ExpireDeadlines(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Transition> out;
+  for (auto& [id, rec] : requests_) {
+    if (IsTerminal(rec.state) || rec.spec.deadline > now) continue;
+    out.push_back(
+        TerminateLocked(id, rec, RequestState::kFailed,
+                        absl::DeadlineExceededError(absl::StrCat(
+                            "request '", id, "': deadline expired in ",
+                            RequestStateName(rec.state)))));
+  }
+  return out;
+}
+
+std::vector<Transition> RequestStateMachine::OnWorkerDown(
+    const WorkerRef& worker) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Transition> out;
+  for (auto& [id, rec] : requests_) {
+    bool involved = false;
+    for (const Held& h :
+         HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated)) {
+      involved = involved || Matches(h.worker, worker);
+    }
+    if (!involved) continue;
+    const absl::Status down = absl::UnavailableError(absl::StrCat(
+        "request '", id, "': worker ", WorkerRefString(worker),
+        " went down in ", RequestStateName(rec.state), "; retry the request"));
+    if (rec.state == RequestState::kQueued) {
+      out.push_back(
+          DropReservationLocked(id, rec, LeaseRelease::kWorkerDown, down));
+    } else {
+      out.push_back(
+          TerminateLocked(id, rec, RequestState::kFailed, down, worker));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> RequestStateMachine::Orphans(
+    const WorkerRef& worker,
+    const std::vector<std::string>& leased_request_ids) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const std::string& id : leased_request_ids) {
+    if (!ledger_.Holds(worker, id)) out.push_back(id);
+  }
+  return out;
+}
+
+}  // namespace baton::coordinator
