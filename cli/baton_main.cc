@@ -2,7 +2,11 @@
 //   baton inspect  --model=PATH [--metadata]
 //   baton tokenize --model=PATH [--decode] [--chat]       (stdin -> stdout)
 //   baton generate --model=PATH --prompt=TEXT | --prompts_file=FILE [...]
+//   baton generate --server=HOST:PORT --prompt=TEXT | --prompts_file=FILE [...]
+//   baton status   --server=HOST:PORT [--json] [--include_down]
 //   baton synth    --shape=NAME --out=FILE.gguf [--type=q4_1|f16] [--seed=N]
+#include <atomic>
+#include <csignal>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -16,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "cli/generate_command.h"
 #include "cli/inspect_command.h"
+#include "cli/remote_generate.h"
+#include "cli/status_command.h"
 #include "cli/synth_command.h"
 #include "cli/tokenize_command.h"
 
@@ -32,7 +38,8 @@ ABSL_FLAG(std::string, prompt, "", "generate: the prompt");
 ABSL_FLAG(std::string, prompts_file, "",
           "generate: one prompt per line, batched together; prints JSON lines");
 ABSL_FLAG(bool, raw, false, "generate: do not apply the chat template");
-ABSL_FLAG(bool, json, false, "generate: print one JSON object per request");
+ABSL_FLAG(bool, json, false,
+          "generate: print one JSON object per request; status: print JSON");
 ABSL_FLAG(
     bool, show_probs, false,
     "generate: per token, the top candidates of the sampled distribution");
@@ -50,12 +57,24 @@ ABSL_FLAG(int32_t, logprobs, -1,
           "generate: -1 = none; N in [0, 20] = chosen token's logprob + N "
           "alternatives");
 ABSL_FLAG(int32_t, threads, 0,
-          "generate/synth: compute threads; 0 = all cores");
+          "generate/synth: compute threads; 0 = all cores (ignored with "
+          "--server)");
 ABSL_FLAG(int64_t, kv_cache_mib, 512, "generate: KV cache size in MiB");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 512,
           "generate: token budget per step");
 ABSL_FLAG(int64_t, max_num_seqs, 64,
           "generate: most sequences decoding at once");
+// against a running cluster
+ABSL_FLAG(std::string, server, "",
+          "generate/status: HOST:PORT of a baton-coordinator; generate then "
+          "runs there (--model, --threads and the engine flags are ignored)");
+ABSL_FLAG(std::string, model_id, "",
+          "generate --server: model id as the cluster lists it; empty = the "
+          "only model served");
+ABSL_FLAG(int64_t, deadline_ms, 0,
+          "generate/status --server: RPC deadline in ms; 0 = none");
+ABSL_FLAG(bool, include_down, false,
+          "status: also list workers whose lease expired");
 // synth
 ABSL_FLAG(std::string, shape, "smollm2-135m",
           "synth: tiny, smollm2-135m, llama-3.2-1b or llama-3-8b");
@@ -70,11 +89,30 @@ constexpr char kUsage[] =
     "  tokenize --model=PATH [--decode] [--chat]    reads stdin\n"
     "  generate --model=PATH --prompt=TEXT | --prompts_file=FILE [--stop=S "
     "...]\n"
+    "  generate --server=HOST:PORT --prompt=TEXT | --prompts_file=FILE "
+    "[--deadline_ms=N ...]\n"
+    "  status   --server=HOST:PORT [--json] [--include_down]\n"
     "  synth    --shape=NAME --out=FILE.gguf [--type=q4_1] [--seed=N]\n";
 
 int Fail(const absl::Status& status) {
   std::cerr << "baton: " << status << "\n";
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Set by SIGINT during a remote generate; the streams are then cancelled.
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnInterrupt(int) { g_interrupted.store(true); }
+
+// A first SIGINT cancels the RPCs (the server then frees the request's KV
+// blocks); a second one kills the process.
+void CatchInterrupt() {
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
 }
 
 int Threads() {
@@ -156,9 +194,29 @@ int main(int argc, char** argv) {
     o.decode = absl::GetFlag(FLAGS_decode);
     o.chat = absl::GetFlag(FLAGS_chat);
     status = baton::cli::RunTokenize(o, std::cin, std::cout);
+  } else if (command == "generate" && !absl::GetFlag(FLAGS_server).empty()) {
+    baton::cli::RemoteGenerateOptions o;
+    o.server = absl::GetFlag(FLAGS_server);
+    o.model_id = absl::GetFlag(FLAGS_model_id);
+    o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+    o.generate = GenerateFlags(std::move(stops));
+    o.interrupted = &g_interrupted;
+    CatchInterrupt();
+    status = baton::cli::RunRemoteGenerate(o, std::cout, std::cerr);
+    if (g_interrupted.load()) {
+      std::cerr << "baton: interrupted, request cancelled\n";
+      return 130;
+    }
   } else if (command == "generate") {
     status = baton::cli::RunGenerate(GenerateFlags(std::move(stops)), std::cout,
                                      std::cerr);
+  } else if (command == "status") {
+    baton::cli::StatusOptions o;
+    o.server = absl::GetFlag(FLAGS_server);
+    o.include_down = absl::GetFlag(FLAGS_include_down);
+    o.json = absl::GetFlag(FLAGS_json);
+    o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+    status = baton::cli::RunStatus(o, std::cout);
   } else if (command == "synth") {
     baton::cli::SynthOptions o;
     o.shape = absl::GetFlag(FLAGS_shape);

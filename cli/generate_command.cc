@@ -15,59 +15,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Everything streamed back for one request.
-struct Collected {
-  std::vector<TokenOutput> tokens;
-  std::string text;
-  FinishReason reason = FinishReason::kNone;
-  absl::Status error;
-  RequestMetrics metrics;
-};
-
 // A token's bytes as a quoted JSON string (invalid UTF-8 replaced).
 std::string QuotedPiece(const Tokenizer& tokenizer, int32_t token) {
   return Json(tokenizer.TokenToBytes(token))
       .dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-Json ToJson(const Collected& c, const Tokenizer& tokenizer, bool logprobs,
-            bool show_probs) {
-  Json j;
-  std::vector<int32_t> ids;
-  for (const TokenOutput& t : c.tokens) ids.push_back(t.token);
-  j["token_ids"] = ids;
-  j["text"] = c.text;
-  j["finish_reason"] = std::string(FinishReasonName(c.reason));
-  if (!c.error.ok()) j["error"] = std::string(c.error.message());
-  j["prompt_tokens"] = c.metrics.prompt_tokens;
-  j["ttft_ms"] = c.metrics.ttft_s() * 1e3;
-  j["decode_tokens_per_s"] = c.metrics.decode_tokens_per_s();
-  if (logprobs || show_probs) {
-    Json per_token = Json::array();
-    for (const TokenOutput& t : c.tokens) {
-      Json e;
-      e["token"] = t.token;
-      e["piece"] = tokenizer.TokenToBytes(t.token);
-      if (t.logprob) e["logprob"] = *t.logprob;
-      if (logprobs) {
-        Json top = Json::array();
-        for (const TokenLogprob& a : t.top_logprobs) {
-          top.push_back({{"token", a.token}, {"logprob", a.logprob}});
-        }
-        e["top_logprobs"] = top;
-      }
-      if (show_probs) {
-        Json probs = Json::array();
-        for (const TokenProb& p : t.processed) {
-          probs.push_back({{"token", p.token}, {"prob", p.prob}});
-        }
-        e["probs"] = probs;
-      }
-      per_token.push_back(e);
-    }
-    j["logprobs"] = per_token;
-  }
-  return j;
 }
 
 absl::StatusOr<std::vector<std::string>> ReadPrompts(const std::string& path) {
@@ -101,33 +52,93 @@ void PrintProbs(const Tokenizer& tokenizer, const TokenOutput& t,
 
 }  // namespace
 
-absl::Status RunGenerate(const GenerateOptions& options, std::ostream& out,
-                         std::ostream& err) {
-  if (options.model_path.empty())
-    return absl::InvalidArgumentError("--model is required");
+SamplingParams EffectiveSampling(const GenerateOptions& options) {
+  SamplingParams sampling = options.sampling;
+  if (options.show_probs) sampling.show_probs = kShowProbsCandidates;
+  return sampling;
+}
+
+absl::StatusOr<std::vector<std::string>> CollectPrompts(
+    const GenerateOptions& options) {
   if (options.prompt.empty() == options.prompts_file.empty()) {
     return absl::InvalidArgumentError(
         "give exactly one of --prompt and --prompts_file");
   }
-  std::vector<std::string> prompts;
-  if (!options.prompts_file.empty()) {
-    BATON_ASSIGN_OR_RETURN(prompts, ReadPrompts(options.prompts_file));
-  } else {
-    prompts.push_back(options.prompt);
+  if (!options.prompts_file.empty()) return ReadPrompts(options.prompts_file);
+  return std::vector<std::string>{options.prompt};
+}
+
+Json GenerationJson(const GenerationRecord& record, const TokenPieceFn& piece,
+                    bool logprobs, bool show_probs) {
+  Json j;
+  std::vector<int32_t> ids;
+  for (const TokenOutput& t : record.tokens) ids.push_back(t.token);
+  j["token_ids"] = ids;
+  j["text"] = record.text;
+  j["finish_reason"] = std::string(FinishReasonName(record.finish_reason));
+  if (!record.error.ok()) j["error"] = std::string(record.error.message());
+  j["prompt_tokens"] = record.prompt_tokens;
+  j["ttft_ms"] = record.ttft_ms;
+  j["decode_tokens_per_s"] = record.decode_tokens_per_s;
+  if (logprobs || show_probs) {
+    Json per_token = Json::array();
+    for (const TokenOutput& t : record.tokens) {
+      Json e;
+      e["token"] = t.token;
+      if (piece) e["piece"] = piece(t.token);
+      if (t.logprob) e["logprob"] = *t.logprob;
+      if (logprobs) {
+        Json top = Json::array();
+        for (const TokenLogprob& a : t.top_logprobs) {
+          top.push_back({{"token", a.token}, {"logprob", a.logprob}});
+        }
+        e["top_logprobs"] = top;
+      }
+      if (show_probs) {
+        Json probs = Json::array();
+        for (const TokenProb& p : t.processed) {
+          probs.push_back({{"token", p.token}, {"prob", p.prob}});
+        }
+        e["probs"] = probs;
+      }
+      per_token.push_back(e);
+    }
+    j["logprobs"] = per_token;
   }
+  return j;
+}
+
+std::string JsonLine(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string GenerationSummary(const GenerationRecord& record) {
+  return absl::StrFormat(
+      "[%d prompt tokens, %d generated, finish: %s] TTFT %.1f ms, decode "
+      "%.1f tokens/s\n",
+      record.prompt_tokens, record.tokens.size(),
+      FinishReasonName(record.finish_reason), record.ttft_ms,
+      record.decode_tokens_per_s);
+}
+
+absl::Status RunGenerate(const GenerateOptions& options, std::ostream& out,
+                         std::ostream& err) {
+  if (options.model_path.empty())
+    return absl::InvalidArgumentError("--model is required");
+  BATON_ASSIGN_OR_RETURN(std::vector<std::string> prompts,
+                         CollectPrompts(options));
   const bool json = options.json || !options.prompts_file.empty();
   BATON_ASSIGN_OR_RETURN(ModelBundle bundle,
                          LoadModelBundle(options.model_path));
   BATON_ASSIGN_OR_RETURN(auto engine,
                          Engine::Create(options.engine, bundle.weights.get(),
                                         bundle.tokenizer.get()));
-  SamplingParams sampling = options.sampling;
-  if (options.show_probs) sampling.show_probs = 5;
+  const SamplingParams sampling = EffectiveSampling(options);
 
-  std::vector<Collected> results(prompts.size());
+  std::vector<GenerationRecord> results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<int32_t> ids = bundle.EncodePrompt(prompts[i], options.raw);
-    Collected* c = &results[i];
+    GenerationRecord* c = &results[i];
     const bool stream = !json;
     absl::Status status = engine->Submit(
         {absl::StrCat("prompt-", i), std::move(ids), sampling},
@@ -140,9 +151,11 @@ absl::Status RunGenerate(const GenerateOptions& options, std::ostream& out,
           c->text += o.text;
           if (stream && !options.show_probs) out << o.text << std::flush;
           if (o.finish_reason != FinishReason::kNone) {
-            c->reason = o.finish_reason;
+            c->finish_reason = o.finish_reason;
             c->error = o.error;
-            c->metrics = o.metrics;
+            c->prompt_tokens = o.metrics.prompt_tokens;
+            c->ttft_ms = o.metrics.ttft_s() * 1e3;
+            c->decode_tokens_per_s = o.metrics.decode_tokens_per_s();
           }
         });
     if (!status.ok()) {
@@ -153,20 +166,19 @@ absl::Status RunGenerate(const GenerateOptions& options, std::ostream& out,
   engine->RunUntilIdle();
 
   if (!json) {
-    const Collected& c = results[0];
+    const GenerationRecord& c = results[0];
     out << "\n";
     if (!c.error.ok()) return c.error;
-    err << absl::StrFormat(
-        "[%d prompt tokens, %d generated, finish: %s] TTFT %.1f ms, decode "
-        "%.1f tokens/s\n",
-        c.metrics.prompt_tokens, c.tokens.size(), FinishReasonName(c.reason),
-        c.metrics.ttft_s() * 1e3, c.metrics.decode_tokens_per_s());
+    err << GenerationSummary(c);
     return absl::OkStatus();
   }
-  for (const Collected& c : results) {
-    out << ToJson(c, *bundle.tokenizer, sampling.logprobs.has_value(),
-                  options.show_probs)
-               .dump(-1, ' ', false, Json::error_handler_t::replace)
+  const Tokenizer& tokenizer = *bundle.tokenizer;
+  const TokenPieceFn piece = [&tokenizer](int32_t token) {
+    return tokenizer.TokenToBytes(token);
+  };
+  for (const GenerationRecord& c : results) {
+    out << JsonLine(GenerationJson(c, piece, sampling.logprobs.has_value(),
+                                   options.show_probs))
         << "\n";
   }
   return absl::OkStatus();

@@ -1,0 +1,283 @@
+#include "coordinator/service/cluster.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::coordinator {
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "baton-coordinator: %s\n", line.c_str());
+}
+
+// One Worker.Cancel in flight; deletes itself when it completes.
+struct PendingCancel {
+  grpc::ClientContext context;
+  v1::CancelRequest request;
+  v1::CancelResponse response;
+  std::shared_ptr<v1::Worker::Stub> stub;  // keeps the channel alive
+  std::string worker;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
+    const ClusterOptions& options, std::unique_ptr<ServedModel> model,
+    const Clock* clock) {
+  if (model == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("Cluster: model and clock are required");
+  }
+  if (options.sweep_interval <= absl::ZeroDuration() ||
+      options.queue_timeout < absl::ZeroDuration() ||
+      options.transfer_timeout <= absl::ZeroDuration() ||
+      options.worker_rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "Cluster: sweep_interval, transfer_timeout and worker_rpc_timeout "
+        "must be > 0 and queue_timeout >= 0");
+  }
+  std::unique_ptr<RoutingPolicy> policy;
+  if (options.policy == "least_loaded") {
+    policy = NewLeastLoadedPolicy();
+  } else if (options.policy == "round_robin") {
+    policy = NewRoundRobinPolicy();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy: '", options.policy,
+                     "' is not one of least_loaded, round_robin"));
+  }
+  auto registry = WorkerRegistry::Create(options.registry, clock);
+  if (!registry.ok()) return registry.status();
+  std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(model), clock,
+                                               std::move(*registry),
+                                               std::move(policy)));
+  Cluster* self = cluster.get();
+  cluster->sweeper_ = std::thread([self] {
+    while (!self->stop_.WaitForNotificationWithTimeout(
+        self->options_.sweep_interval)) {
+      self->Sweep();
+    }
+  });
+  return cluster;
+}
+
+Cluster::Cluster(const ClusterOptions& options,
+                 std::unique_ptr<ServedModel> model, const Clock* clock,
+                 std::unique_ptr<WorkerRegistry> registry,
+                 std::unique_ptr<RoutingPolicy> policy)
+    : options_(options),
+      clock_(clock),
+      model_(std::move(model)),
+      registry_(std::move(registry)),
+      policy_(std::move(policy)),
+      // Reservations refused are retried until queue_timeout instead.
+      requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}) {}
+
+Cluster::~Cluster() {
+  std::vector<std::shared_ptr<CallHandle>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (auto& [id, call] : calls_) calls.push_back(call);
+  }
+  for (auto& call : calls) {
+    call->Abort(absl::UnavailableError("coordinator shutting down"));
+  }
+  calls.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::map<std::string, std::shared_ptr<CallHandle>>* c) {
+              return c->empty();
+            },
+            &calls_),
+        absl::Seconds(10));
+  }
+  stop_.Notify();
+  sweeper_.join();
+}
+
+std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
+    const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto it = stubs_.find(address);
+  if (it != stubs_.end()) return it->second;
+  grpc::ChannelArguments args;
+  // A restarted worker at the same address must be reachable at once.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<v1::Worker::Stub> stub =
+      v1::Worker::NewStub(grpc::CreateCustomChannel(
+          address, grpc::InsecureChannelCredentials(), args));
+  stubs_[address] = stub;
+  return stub;
+}
+
+Candidates Cluster::RoutingCandidates() const {
+  Candidates candidates = registry_->List();
+  absl::MutexLock lock(&mu_);
+  for (WorkerInfo& w : candidates) {
+    if (auto it = prefill_tokens_.find(w.ref.id); it != prefill_tokens_.end()) {
+      w.load.queued_prefill_tokens =
+          std::max(w.load.queued_prefill_tokens, it->second);
+    }
+    if (CanDecode(w.registration.role)) {
+      // The coordinator knows every reservation it made, so its count is
+      // current where the heartbeat's lags behind frees and reservations.
+      int64_t reserved = 0;
+      if (auto it = decode_blocks_.find(w.ref.id); it != decode_blocks_.end()) {
+        reserved = it->second;
+      }
+      w.load.kv_blocks_free =
+          std::max<int64_t>(0, w.registration.kv_blocks_total - reserved);
+    }
+  }
+  return candidates;
+}
+
+void Cluster::AddPrefillTokens(const WorkerId& worker, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  if ((prefill_tokens_[worker] += tokens) <= 0) prefill_tokens_.erase(worker);
+}
+
+void Cluster::AddDecodeBlocks(const WorkerId& worker, int64_t blocks) {
+  absl::MutexLock lock(&mu_);
+  if ((decode_blocks_[worker] += blocks) <= 0) decode_blocks_.erase(worker);
+}
+
+absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
+                                                 const RequestInfo& request) {
+  absl::MutexLock claim(&claim_mu_);
+  Candidates pool;
+  for (WorkerInfo& w : RoutingCandidates()) {
+    if (w.registration.role == role) pool.push_back(std::move(w));
+  }
+  absl::StatusOr<WorkerRef> picked = policy_->PickPrefill(pool, request);
+  if (!picked.ok()) return picked.status();
+  for (const WorkerInfo& w : pool) {
+    if (w.ref == *picked) {
+      AddPrefillTokens(w.ref.id, request.prompt_tokens);
+      return w;
+    }
+  }
+  return absl::InternalError("routing picked a worker outside the pool");
+}
+
+absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
+                                                int64_t* blocks) {
+  absl::MutexLock claim(&claim_mu_);
+  const Candidates all = RoutingCandidates();
+  absl::StatusOr<WorkerRef> picked = policy_->PickDecode(all, request);
+  if (!picked.ok()) return picked.status();
+  for (const WorkerInfo& w : all) {
+    if (w.ref == *picked) {
+      *blocks =
+          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size);
+      AddDecodeBlocks(w.ref.id, *blocks);
+      return w;
+    }
+  }
+  return absl::InternalError("routing picked a worker outside the pool");
+}
+
+void Cluster::PerformCleanup(const Transition& transition) {
+  for (const CleanupAction& action : transition.actions) {
+    auto worker = registry_->Get(action.worker.id);
+    if (!worker.ok()) continue;
+    auto* pending = new PendingCancel();
+    pending->stub = WorkerStub(worker->registration.address);
+    pending->worker = WorkerRefString(action.worker);
+    pending->request.set_request_id(action.request_id);
+    pending->request.set_reason(absl::StrCat(
+        RequestStateName(transition.to), ": ", transition.status.message()));
+    pending->context.set_deadline(
+        std::chrono::system_clock::now() +
+        absl::ToChronoMilliseconds(options_.worker_rpc_timeout));
+    pending->stub->async()->Cancel(
+        &pending->context, &pending->request, &pending->response,
+        [pending](grpc::Status status) {
+          if (!status.ok()) {
+            Log(absl::StrCat("Cancel of ", pending->request.request_id(),
+                             " on ", pending->worker,
+                             " failed: ", status.error_message()));
+          }
+          delete pending;
+        });
+  }
+}
+
+void Cluster::AddCall(const std::string& request_id,
+                      std::shared_ptr<CallHandle> call) {
+  absl::MutexLock lock(&mu_);
+  calls_[request_id] = std::move(call);
+}
+
+void Cluster::RemoveCall(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(request_id);
+  transferring_since_.erase(request_id);
+}
+
+void Cluster::MarkTransferring(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  transferring_since_[request_id] = clock_->Now();
+}
+
+void Cluster::ClearTransferring(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  transferring_since_.erase(request_id);
+}
+
+int Cluster::active_calls() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(calls_.size());
+}
+
+bool Cluster::accepting() const {
+  absl::MutexLock lock(&mu_);
+  return !shutting_down_;
+}
+
+void Cluster::Apply(const std::vector<Transition>& transitions) {
+  for (const Transition& t : transitions) {
+    PerformCleanup(t);
+    if (!IsTerminal(t.to)) continue;
+    std::shared_ptr<CallHandle> call;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = calls_.find(t.request_id);
+      if (it != calls_.end()) call = it->second;
+    }
+    if (call != nullptr) call->Abort(t.status);
+  }
+}
+
+void Cluster::Sweep() {
+  for (const DownEvent& down : registry_->Tick()) {
+    Log(absl::StrCat("worker ", WorkerRefString(down.worker),
+                     " is down: ", down.reason));
+    Apply(requests_.OnWorkerDown(down.worker));
+  }
+  const absl::Time now = clock_->Now();
+  Apply(requests_.ExpireDeadlines(now));
+  std::vector<std::string> stuck;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, since] : transferring_since_) {
+      if (now - since > options_.transfer_timeout) stuck.push_back(id);
+    }
+    for (const std::string& id : stuck) transferring_since_.erase(id);
+  }
+  for (const std::string& id : stuck) {
+    absl::StatusOr<Transition> t = requests_.OnTransferTimeout(id);
+    if (t.ok()) Apply({*t});
+  }
+}
+
+}  // namespace baton::coordinator

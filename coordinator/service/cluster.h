@@ -1,0 +1,153 @@
+// The coordinator's shared state and the work that is not tied to one RPC:
+// the worker registry, the request state machine (owner of every KV lease),
+// the routing policy, one gRPC channel per worker, and a sweeper thread
+// that turns expired worker leases, request deadlines and stuck KV transfers
+// into state-machine edges, performs their cleanup on the workers
+// (Worker.Cancel) and aborts the affected calls.
+//
+// Requests are driven by GenerateCall (generate_call.h); they register here
+// so the sweeper can abort them.
+#ifndef BATON_COORDINATOR_SERVICE_CLUSTER_H_
+#define BATON_COORDINATOR_SERVICE_CLUSTER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "coordinator/clock.h"
+#include "coordinator/request_state_machine.h"
+#include "coordinator/routing_policy.h"
+#include "coordinator/service/served_model.h"
+#include "coordinator/worker_registry.h"
+
+namespace baton::coordinator {
+
+struct ClusterOptions {
+  WorkerRegistryOptions registry;
+  // "least_loaded" (default) or "round_robin".
+  std::string policy = "least_loaded";
+  // How often leases, deadlines and transfers are checked.
+  absl::Duration sweep_interval = absl::Milliseconds(50);
+  // How long a request may wait for a decode worker with room before it
+  // fails with RESOURCE_EXHAUSTED.
+  absl::Duration queue_timeout = absl::Seconds(30);
+  // A request in TRANSFERRING for longer than this fails (DEADLINE_EXCEEDED)
+  // and both workers free its blocks.
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  // Deadline of the unary worker RPCs (ReserveKv, Cancel).
+  absl::Duration worker_rpc_timeout = absl::Seconds(5);
+};
+
+// A running request as the sweeper sees it.
+class CallHandle {
+ public:
+  virtual ~CallHandle() = default;
+  // The request ended on the coordinator's side (its state machine record is
+  // terminal with `status`, and the cleanup is done or under way): stop
+  // every worker RPC and report `status` to the client. Thread-safe,
+  // idempotent, never blocks.
+  virtual void Abort(const absl::Status& status) = 0;
+};
+
+class Cluster {
+ public:
+  // InvalidArgument for bad options or an unknown policy.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Create(
+      const ClusterOptions& options, std::unique_ptr<ServedModel> model,
+      const Clock* clock);
+  // Aborts every call, waits for them to end, stops the sweeper.
+  ~Cluster();
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  const ClusterOptions& options() const { return options_; }
+  const Clock& clock() const { return *clock_; }
+  const ServedModel& model() const { return *model_; }
+  WorkerRegistry& registry() { return *registry_; }
+  RequestStateMachine& requests() { return requests_; }
+  RoutingPolicy& policy() { return *policy_; }
+
+  // The stub of the Worker service at `address` (one channel per address).
+  std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
+
+  // The registry's workers, with the load the coordinator itself knows of
+  // added to the heartbeat's: prompt tokens sent and not yet prefilled, and
+  // the decode blocks of every live reservation (heartbeats lag by up to an
+  // interval, so a burst of requests would otherwise all pick one worker).
+  Candidates RoutingCandidates() const;
+  // Coordinator-side load bookkeeping for RoutingCandidates.
+  void AddPrefillTokens(const WorkerId& worker, int64_t tokens);
+  void AddDecodeBlocks(const WorkerId& worker, int64_t blocks);
+
+  // Picks a prefill worker among those of `role` and adds the request's
+  // prompt tokens to its load, atomically with respect to other picks, so
+  // a burst of requests spreads over the pool.
+  absl::StatusOr<WorkerInfo> ClaimPrefill(WorkerRole role,
+                                          const RequestInfo& request);
+  // Picks a decode worker and adds the request's blocks (returned in
+  // `blocks`) to its reservations, atomically with respect to other picks.
+  absl::StatusOr<WorkerInfo> ClaimDecode(const RequestInfo& request,
+                                         int64_t* blocks);
+
+  // Sends Worker.Cancel for every action of `transition`, in order, without
+  // waiting (a failure is logged; the worker also frees orphans it reports
+  // in its next heartbeat).
+  void PerformCleanup(const Transition& transition);
+
+  // Registers a running call (request ids are unique while registered).
+  void AddCall(const std::string& request_id, std::shared_ptr<CallHandle> call);
+  // Unregisters it; the call has finished with its client.
+  void RemoveCall(const std::string& request_id);
+  // The request entered / left TRANSFERRING (for the transfer timeout).
+  void MarkTransferring(const std::string& request_id);
+  void ClearTransferring(const std::string& request_id);
+  int active_calls() const;
+  // Calls a new request may start with; false once shutting down.
+  bool accepting() const;
+
+  // One sweep now (tests; the sweeper thread calls it periodically).
+  void Sweep();
+
+ private:
+  Cluster(const ClusterOptions& options, std::unique_ptr<ServedModel> model,
+          const Clock* clock, std::unique_ptr<WorkerRegistry> registry,
+          std::unique_ptr<RoutingPolicy> policy);
+  // Performs the cleanup of sweeper-made transitions and aborts the calls.
+  void Apply(const std::vector<Transition>& transitions);
+
+  const ClusterOptions options_;
+  const Clock* const clock_;
+  const std::unique_ptr<ServedModel> model_;
+  const std::unique_ptr<WorkerRegistry> registry_;
+  const std::unique_ptr<RoutingPolicy> policy_;
+  RequestStateMachine requests_;
+
+  // Held across a pick and its bookkeeping; taken before mu_.
+  absl::Mutex claim_mu_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<v1::Worker::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<CallHandle>> calls_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> transferring_since_ ABSL_GUARDED_BY(mu_);
+  std::map<WorkerId, int64_t> prefill_tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<WorkerId, int64_t> decode_blocks_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Notification stop_;
+  std::thread sweeper_;
+};
+
+}  // namespace baton::coordinator
+
+#endif  // BATON_COORDINATOR_SERVICE_CLUSTER_H_

@@ -1,0 +1,280 @@
+#include "coordinator/service/coordinator_services.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/service/generate_call.h"
+#include "worker/service/proto_convert.h"
+
+namespace baton::coordinator {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::StatusOr<WorkerRole> RoleFromProto(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_PREFILL:
+      return WorkerRole::kPrefill;
+    case v1::WORKER_ROLE_DECODE:
+      return WorkerRole::kDecode;
+    case v1::WORKER_ROLE_BOTH:
+      return WorkerRole::kBoth;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("role: ", static_cast<int>(role),
+                       " is not one of PREFILL, DECODE, BOTH"));
+  }
+}
+
+v1::WorkerRole RoleToProto(WorkerRole role) {
+  switch (role) {
+    case WorkerRole::kPrefill:
+      return v1::WORKER_ROLE_PREFILL;
+    case WorkerRole::kDecode:
+      return v1::WORKER_ROLE_DECODE;
+    case WorkerRole::kBoth:
+      return v1::WORKER_ROLE_BOTH;
+  }
+  return v1::WORKER_ROLE_UNSPECIFIED;
+}
+
+v1::WorkerHealth HealthToProto(WorkerHealth health) {
+  switch (health) {
+    case WorkerHealth::kHealthy:
+      return v1::WORKER_HEALTH_HEALTHY;
+    case WorkerHealth::kSuspect:
+      return v1::WORKER_HEALTH_SUSPECT;
+    case WorkerHealth::kDown:
+      return v1::WORKER_HEALTH_DOWN;
+    case WorkerHealth::kDraining:
+      return v1::WORKER_HEALTH_DRAINING;
+  }
+  return v1::WORKER_HEALTH_UNSPECIFIED;
+}
+
+absl::StatusOr<KvLayout> LayoutFromProto(const v1::KvLayout& proto) {
+  KvLayout layout;
+  layout.num_layers = proto.num_layers();
+  layout.num_kv_heads = proto.num_kv_heads();
+  layout.head_dim = proto.head_dim();
+  layout.block_size = proto.block_size();
+  switch (proto.dtype()) {
+    case v1::KV_DTYPE_F16:
+      layout.dtype = DType::kF16;
+      break;
+    case v1::KV_DTYPE_F32:
+      layout.dtype = DType::kF32;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_layout.dtype: ", v1::KvDtype_Name(proto.dtype()),
+                       " is not F16 or F32"));
+  }
+  return layout;
+}
+
+WorkerLoad LoadFromProto(const v1::WorkerLoad& proto) {
+  WorkerLoad load;
+  load.queued_prefill_tokens = proto.queued_prefill_tokens();
+  load.running_sequences = proto.running_sequences();
+  load.kv_blocks_free = proto.kv_blocks_free();
+  load.kv_blocks_total = proto.kv_blocks_total();
+  load.kv_blocks_reserved = proto.kv_blocks_reserved();
+  return load;
+}
+
+v1::WorkerLoad LoadToProto(const WorkerLoad& load) {
+  v1::WorkerLoad proto;
+  proto.set_queued_prefill_tokens(load.queued_prefill_tokens);
+  proto.set_running_sequences(load.running_sequences);
+  proto.set_kv_blocks_free(load.kv_blocks_free);
+  proto.set_kv_blocks_total(load.kv_blocks_total);
+  proto.set_kv_blocks_reserved(load.kv_blocks_reserved);
+  return proto;
+}
+
+}  // namespace
+
+// --- Control plane -----------------------------------------------------------
+
+grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
+    grpc::CallbackServerContext* context,
+    const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  auto role = RoleFromProto(request->role());
+  if (!role.ok()) return Finish(context, role.status());
+  auto layout = LayoutFromProto(request->kv_layout());
+  if (!layout.ok()) return Finish(context, layout.status());
+  const std::string& served = cluster_->model().id();
+  if (request->model_id() != served) {
+    return Finish(
+        context, absl::InvalidArgumentError(absl::StrCat(
+                     "model_id: '", request->model_id(),
+                     "' differs from the coordinator's model '", served, "'")));
+  }
+  WorkerRegistration registration;
+  registration.role = *role;
+  registration.address = request->address();
+  registration.model_id = request->model_id();
+  registration.kv_layout = *layout;
+  registration.kv_blocks_total = request->kv_blocks_total();
+  registration.context_length = request->context_length();
+  auto ref = cluster_->registry().Register(registration);
+  if (!ref.ok()) return Finish(context, ref.status());
+  const WorkerRegistryOptions& options = cluster_->registry().options();
+  response->set_worker_id(ref->id);
+  response->set_epoch(ref->epoch);
+  response->set_heartbeat_interval_ms(
+      absl::ToDoubleMilliseconds(options.heartbeat_interval));
+  response->set_lease_ttl_ms(absl::ToDoubleMilliseconds(options.lease_ttl));
+  std::fprintf(
+      stderr, "baton-coordinator: registered %s (%s) at %s, %lld KV blocks\n",
+      WorkerRefString(*ref).c_str(), std::string(WorkerRoleName(*role)).c_str(),
+      request->address().c_str(),
+      static_cast<long long>(request->kv_blocks_total()));
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  const WorkerRef ref{request->worker_id(), request->epoch()};
+  std::vector<std::string> leased(request->leased_request_ids().begin(),
+                                  request->leased_request_ids().end());
+  if (absl::Status s = cluster_->registry().Heartbeat(
+          ref, LoadFromProto(request->load()), leased);
+      !s.ok()) {
+    return Finish(context, s);
+  }
+  response->set_lease_ttl_ms(
+      absl::ToDoubleMilliseconds(cluster_->registry().options().lease_ttl));
+  for (std::string& id : cluster_->requests().Orphans(ref, leased)) {
+    response->add_orphaned_request_ids(std::move(id));
+  }
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
+    grpc::CallbackServerContext* context,
+    const v1::DeregisterWorkerRequest* request,
+    v1::DeregisterWorkerResponse* /*response*/) {
+  const WorkerRef ref{request->worker_id(), request->epoch()};
+  absl::Status status = cluster_->registry().Remove(ref, "deregistered");
+  if (status.ok()) cluster_->Sweep();  // fail its requests now
+  return Finish(context, status);
+}
+
+// --- Public API --------------------------------------------------------------
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor();
+  if (!cluster_->accepting()) {
+    reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "coordinator shutting down"));
+    return reactor;
+  }
+  const auto deadline = context->deadline();
+  const absl::Time absl_deadline =
+      deadline >= std::chrono::system_clock::time_point::max() -
+                      std::chrono::hours(24 * 365)
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(deadline);
+  auto job = PrepareGenerate(cluster_->model(), *request, absl_deadline);
+  if (!job.ok()) {
+    reactor->Close(ToGrpcStatus(job.status()));
+    return reactor;
+  }
+  GenerateCall::Start(cluster_, std::move(*job), reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BatonService::Tokenize(
+    grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
+    v1::TokenizeResponse* response) {
+  const ServedModel& model = cluster_->model();
+  if (!request->model().empty() && request->model() != model.id()) {
+    return Finish(context,
+                  absl::NotFoundError(absl::StrCat(
+                      "model: '", request->model(),
+                      "' is not served here (served: '", model.id(), "')")));
+  }
+  auto ids = model.EncodeInput(*request);
+  if (!ids.ok()) return Finish(context, ids.status());
+  for (int32_t id : *ids) {
+    response->add_token_ids(id);
+    response->add_pieces(model.tokenizer().TokenToBytes(id));
+  }
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* BatonService::ListModels(
+    grpc::CallbackServerContext* context,
+    const v1::ListModelsRequest* /*request*/,
+    v1::ListModelsResponse* response) {
+  std::map<std::string, v1::ModelInfo> models;
+  for (const WorkerInfo& w : cluster_->registry().List()) {
+    if (w.health != WorkerHealth::kHealthy) continue;
+    v1::ModelInfo& info = models[w.registration.model_id];
+    info.set_id(w.registration.model_id);
+    switch (w.registration.role) {
+      case WorkerRole::kPrefill:
+        info.set_prefill_workers(info.prefill_workers() + 1);
+        break;
+      case WorkerRole::kDecode:
+        info.set_decode_workers(info.decode_workers() + 1);
+        break;
+      case WorkerRole::kBoth:
+        info.set_colocated_workers(info.colocated_workers() + 1);
+        break;
+    }
+  }
+  const ServedModel& served = cluster_->model();
+  for (auto& [id, info] : models) {
+    if (id == served.id()) {
+      info.set_architecture(served.config().architecture);
+      info.set_context_length(
+          static_cast<int32_t>(served.config().context_length));
+      info.set_vocab_size(static_cast<int32_t>(served.config().vocab_size));
+    }
+    *response->add_models() = std::move(info);
+  }
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* BatonService::GetClusterStatus(
+    grpc::CallbackServerContext* context,
+    const v1::GetClusterStatusRequest* request,
+    v1::GetClusterStatusResponse* response) {
+  const absl::Time now = cluster_->clock().Now();
+  std::map<WorkerId, int32_t> active;
+  for (const Lease& lease : cluster_->requests().LiveLeases()) {
+    ++active[lease.worker.id];
+  }
+  for (const WorkerInfo& w : cluster_->registry().List()) {
+    if (w.health == WorkerHealth::kDown && !request->include_down()) continue;
+    v1::WorkerStatus* status = response->add_workers();
+    status->mutable_worker()->set_worker_id(w.ref.id);
+    status->mutable_worker()->set_address(w.registration.address);
+    status->set_role(RoleToProto(w.registration.role));
+    status->set_model_id(w.registration.model_id);
+    status->set_health(HealthToProto(w.health));
+    *status->mutable_load() = LoadToProto(w.load);
+    *status->mutable_kv_layout() = ToProto(w.registration.kv_layout);
+    status->set_last_heartbeat_age_ms(
+        absl::ToDoubleMilliseconds(now - w.last_heartbeat));
+    status->set_epoch(w.ref.epoch);
+    status->set_active_requests(active[w.ref.id]);
+  }
+  response->set_active_requests(cluster_->active_calls());
+  return Finish(context, absl::OkStatus());
+}
+
+}  // namespace baton::coordinator

@@ -1,0 +1,66 @@
+// The coordinator's two gRPC services over one Cluster:
+//   ControlPlaneService  baton.v1.Coordinator (workers register, heartbeat,
+//                        deregister);
+//   BatonService         baton.v1.Baton, the public API (Generate, Tokenize,
+//                        ListModels, GetClusterStatus).
+// Both use the callback API; no handler blocks (Generate runs on its own
+// thread, see generate_call.h).
+#ifndef BATON_COORDINATOR_SERVICE_COORDINATOR_SERVICES_H_
+#define BATON_COORDINATOR_SERVICE_COORDINATOR_SERVICES_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "baton/v1/api.grpc.pb.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "coordinator/service/cluster.h"
+
+namespace baton::coordinator {
+
+class ControlPlaneService final : public v1::Coordinator::CallbackService {
+ public:
+  // `cluster` must outlive the service.
+  explicit ControlPlaneService(Cluster* cluster) : cluster_(cluster) {}
+
+  grpc::ServerUnaryReactor* RegisterWorker(
+      grpc::CallbackServerContext* context,
+      const v1::RegisterWorkerRequest* request,
+      v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* DeregisterWorker(
+      grpc::CallbackServerContext* context,
+      const v1::DeregisterWorkerRequest* request,
+      v1::DeregisterWorkerResponse* response) override;
+
+ private:
+  Cluster* const cluster_;
+};
+
+class BatonService final : public v1::Baton::CallbackService {
+ public:
+  // `cluster` must outlive the service.
+  explicit BatonService(Cluster* cluster) : cluster_(cluster) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context,
+      const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(
+      grpc::CallbackServerContext* context,
+      const v1::ListModelsRequest* request,
+      v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetClusterStatus(
+      grpc::CallbackServerContext* context,
+      const v1::GetClusterStatusRequest* request,
+      v1::GetClusterStatusResponse* response) override;
+
+ private:
+  Cluster* const cluster_;
+};
+
+}  // namespace baton::coordinator
+
+#endif  // BATON_COORDINATOR_SERVICE_COORDINATOR_SERVICES_H_

@@ -1,0 +1,574 @@
+#include "coordinator/service/generate_call.h"
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "model/tokenizer/incremental_decoder.h"
+#include "worker/sampler/sampling_params.h"
+#include "worker/sampler/stop_checker.h"
+#include "worker/service/proto_convert.h"
+
+namespace baton::coordinator {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double MsBetween(SteadyClock::time_point a, SteadyClock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+uint64_t DrawSeed() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device() ^
+         counter.fetch_add(0x9E3779B97F4A7C15ull);
+}
+
+std::string NewRequestId() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t process_tag = DrawSeed() & 0xFFFFFF;
+  return absl::StrCat("req-", absl::Hex(process_tag), "-",
+                      counter.fetch_add(1));
+}
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view where) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(where, status.error_message()));
+}
+
+absl::Status WorkerError(const WorkerInfo& worker, absl::string_view rpc,
+                         const grpc::Status& status) {
+  return FromGrpc(status, absl::StrCat(rpc, " on worker ", worker.ref.id, " (",
+                                       worker.registration.address, "): "));
+}
+
+v1::WorkerRef ToRef(const WorkerInfo& worker) {
+  v1::WorkerRef ref;
+  ref.set_worker_id(worker.ref.id);
+  ref.set_address(worker.registration.address);
+  return ref;
+}
+
+// Ends a client stream that is left early: cancels it, drains it and calls
+// Finish, as the synchronous API requires before the reader is destroyed.
+template <typename Message, typename Reader>
+class ReaderGuard {
+ public:
+  ReaderGuard(Reader* reader, grpc::ClientContext* context)
+      : reader_(reader), context_(context) {}
+  ~ReaderGuard() {
+    if (finished_) return;
+    context_->TryCancel();
+    Message message;
+    while (reader_->Read(&message)) {
+    }
+    reader_->Finish();
+  }
+  grpc::Status Finish() {
+    finished_ = true;
+    return reader_->Finish();
+  }
+
+ private:
+  Reader* reader_;
+  grpc::ClientContext* context_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
+                                            const v1::GenerateRequest& request,
+                                            absl::Time deadline) {
+  if (!request.model().empty() && request.model() != model.id()) {
+    return absl::NotFoundError(absl::StrCat("model: '", request.model(),
+                                            "' is not served here (served: '",
+                                            model.id(), "')"));
+  }
+  GenerateJob job;
+  auto prompt = model.EncodePrompt(request);
+  if (!prompt.ok()) return prompt.status();
+  job.prompt = std::move(*prompt);
+  job.sampling = request.sampling();
+  if (!job.sampling.has_seed()) job.sampling.set_seed(DrawSeed());
+  auto params = FromProto(job.sampling);
+  if (!params.ok()) {
+    const std::string message(params.status().message());
+    return absl::InvalidArgumentError(absl::StartsWith(message, "sampling.")
+                                          ? message
+                                          : absl::StrCat("sampling.", message));
+  }
+  for (int32_t id : params->stop_token_ids) {
+    if (!model.tokenizer().IsValidId(id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.stop_token_ids: ", id, " is outside [0, ",
+                       model.tokenizer().vocab_size(), ")"));
+    }
+  }
+  if (absl::Status s =
+          Validate(*params, static_cast<int64_t>(job.prompt.size()),
+                   model.config().context_length);
+      !s.ok()) {
+    return s;
+  }
+  job.sampling.set_max_tokens(static_cast<int32_t>(params->max_tokens));
+  job.client_id = request.request_id();
+  job.internal_id = job.client_id.empty()
+                        ? NewRequestId()
+                        : absl::StrCat(job.client_id, "@", NewRequestId());
+  if (job.client_id.empty()) job.client_id = job.internal_id;
+  job.deadline = deadline;
+  return job;
+}
+
+class GenerateCall::ScopedContext {
+ public:
+  ScopedContext(GenerateCall* call, grpc::ClientContext* context)
+      : call_(call), context_(context) {
+    absl::MutexLock lock(&call_->mu_);
+    call_->contexts_.push_back(context_);
+    if (!call_->abort_.ok()) context_->TryCancel();
+  }
+  ~ScopedContext() {
+    absl::MutexLock lock(&call_->mu_);
+    auto& v = call_->contexts_;
+    v.erase(std::find(v.begin(), v.end(), context_));
+  }
+
+ private:
+  GenerateCall* call_;
+  grpc::ClientContext* context_;
+};
+
+void GenerateCall::Start(Cluster* cluster, GenerateJob job,
+                         GenerateReactor* reactor) {
+  auto call = std::make_shared<GenerateCall>(cluster, std::move(job), reactor);
+  cluster->AddCall(call->job_.internal_id, call);
+  std::weak_ptr<GenerateCall> weak = call;
+  reactor->SetOnCancel([weak] {
+    if (auto call = weak.lock()) {
+      call->Abort(absl::Now() >= call->job_.deadline
+                      ? absl::DeadlineExceededError("request deadline expired")
+                      : absl::CancelledError("cancelled by the client"));
+    }
+  });
+  std::thread([call] { call->Run(); }).detach();
+}
+
+GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
+                           GenerateReactor* reactor)
+    : cluster_(cluster),
+      job_(std::move(job)),
+      reactor_(reactor),
+      arrival_(SteadyClock::now()) {}
+
+GenerateCall::~GenerateCall() = default;
+
+void GenerateCall::Abort(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!abort_.ok()) return;
+  abort_ = status.ok() ? absl::CancelledError("aborted") : status;
+  for (grpc::ClientContext* context : contexts_) context->TryCancel();
+}
+
+absl::Status GenerateCall::aborted() const {
+  absl::MutexLock lock(&mu_);
+  return abort_;
+}
+
+bool GenerateCall::Backoff(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](absl::Status* s) { return !s->ok(); }, &abort_),
+                       d);
+  return abort_.ok();
+}
+
+void GenerateCall::SetDeadline(grpc::ClientContext* context) const {
+  if (job_.deadline != absl::InfiniteFuture()) {
+    context->set_deadline(absl::ToChronoTime(job_.deadline));
+  }
+}
+
+void GenerateCall::Run() {
+  RequestSpec spec;
+  spec.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
+  spec.max_tokens = job_.sampling.max_tokens();
+  spec.deadline = job_.deadline;
+  absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
+  if (status.ok()) status = Route();
+  if (status.ok()) status = Serve();
+  if (!status.ok()) Fail(std::move(status));
+  if (prefill_tokens_added_ != 0) {
+    cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
+  }
+  if (decode_blocks_ != 0) {
+    cluster_->AddDecodeBlocks(decode_->ref.id, -decode_blocks_);
+  }
+  cluster_->requests().Forget(job_.internal_id).IgnoreError();
+  cluster_->RemoveCall(job_.internal_id);
+}
+
+absl::Status GenerateCall::Route() {
+  const std::string& model_id = cluster_->model().id();
+  RequestInfo info;
+  info.model_id = model_id;
+  info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
+  info.max_tokens = job_.sampling.max_tokens();
+  const absl::Time queue_deadline =
+      std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
+  absl::Duration backoff = absl::Milliseconds(5);
+  while (true) {
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const Candidates all = cluster_->RoutingCandidates();
+    // Split serving when a prefill-only worker is up; otherwise colocated
+    // on a `both` worker.
+    const bool split =
+        std::any_of(all.begin(), all.end(), [&](const WorkerInfo& w) {
+          return w.registration.role == WorkerRole::kPrefill &&
+                 w.health == WorkerHealth::kHealthy &&
+                 w.registration.model_id == model_id;
+        });
+    if (!split) return ClaimPrefill(WorkerRole::kBoth, info);
+
+    int64_t blocks = 0;
+    absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, &blocks);
+    if (!decode.ok()) {
+      if (decode.status().code() == absl::StatusCode::kUnavailable &&
+          info.excluded.empty()) {
+        return decode.status();
+      }
+      int64_t largest = 0;
+      int64_t block_size = 0;
+      for (const WorkerInfo& w : all) {
+        if (!CanDecode(w.registration.role) ||
+            w.health != WorkerHealth::kHealthy ||
+            w.registration.model_id != model_id) {
+          continue;
+        }
+        if (w.registration.kv_blocks_total > largest) {
+          largest = w.registration.kv_blocks_total;
+          block_size = w.registration.kv_layout.block_size;
+        }
+      }
+      if (block_size > 0 && DecodeBlocksNeeded(info, block_size) > largest) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "prompt (", info.prompt_tokens, " tokens) + max_tokens (",
+            info.max_tokens, ") needs ", DecodeBlocksNeeded(info, block_size),
+            " KV blocks; the largest decode worker has ", largest));
+      }
+      if (absl::Now() >= queue_deadline) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no decode worker had room for the request within ",
+            absl::FormatDuration(cluster_->options().queue_timeout), " (",
+            decode.status().message(), ")"));
+      }
+      info.excluded.clear();
+      if (!Backoff(backoff)) continue;
+      backoff = std::min(backoff * 2, absl::Milliseconds(100));
+      continue;
+    }
+    const WorkerInfo target = *decode;
+    auto reserved =
+        cluster_->requests().ReserveDecode(job_.internal_id, target.ref);
+    if (!reserved.ok()) {
+      cluster_->AddDecodeBlocks(target.ref.id, -blocks);
+      return reserved.status();
+    }
+    v1::ReserveKvRequest request;
+    request.set_request_id(job_.internal_id);
+    request.set_model_id(model_id);
+    request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
+    request.set_max_tokens(job_.sampling.max_tokens());
+    request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
+    grpc::ClientContext context;
+    context.set_deadline(
+        std::min(absl::ToChronoTime(job_.deadline),
+                 absl::ToChronoTime(absl::Now() +
+                                    cluster_->options().worker_rpc_timeout)));
+    grpc::Status rpc;
+    {
+      ScopedContext scoped(this, &context);
+      rpc = cluster_->WorkerStub(target.registration.address)
+                ->ReserveKv(&context, request, &reservation_);
+    }
+    if (rpc.ok()) {
+      decode_ = target;
+      decode_blocks_ = blocks;
+      return ClaimPrefill(WorkerRole::kPrefill, info);
+    }
+    cluster_->AddDecodeBlocks(target.ref.id, -blocks);
+    // Aborted: the abort edge frees the reservation (the lease stays).
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const absl::Status why = WorkerError(target, "ReserveKv", rpc);
+    const grpc::StatusCode code = rpc.error_code();
+    auto refused = cluster_->requests().OnReserveRefused(job_.internal_id,
+                                                         target.ref, why);
+    if (!refused.ok()) return refused.status();
+    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        code != grpc::StatusCode::INVALID_ARGUMENT &&
+        code != grpc::StatusCode::FAILED_PRECONDITION) {
+      // The worker may have reserved before the reply was lost.
+      Transition cleanup;
+      cleanup.to = RequestState::kQueued;
+      cleanup.status = why;
+      cleanup.actions.push_back(FreeKv(target.ref, job_.internal_id));
+      cluster_->PerformCleanup(cleanup);
+    }
+    if (IsTerminal(refused->to)) return refused->status;
+    info.excluded.push_back(target.ref.id);
+  }
+}
+
+absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
+                                        const RequestInfo& info) {
+  absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
+  if (!prefill.ok()) return prefill.status();
+  prefill_ = *prefill;
+  prefill_tokens_added_ = info.prompt_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status GenerateCall::Serve() {
+  RequestStateMachine& requests = cluster_->requests();
+  const std::string& id = job_.internal_id;
+  auto started = requests.StartPrefill(id, prefill_->ref);
+  if (!started.ok()) return started.status();
+  if (decode_.has_value()) {
+    auto snapshot = requests.Get(id);
+    if (!snapshot.ok()) return snapshot.status();
+    if (snapshot->colocated) {
+      // The reservation was dropped (its worker went down) before the
+      // prefill started.
+      return absl::UnavailableError(absl::StrCat(
+          "decode worker ", decode_->ref.id, " went down before the prefill"));
+    }
+  }
+  v1::PrefillRequest prefill_request;
+  prefill_request.set_request_id(id);
+  prefill_request.set_model_id(cluster_->model().id());
+  prefill_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
+                                                  job_.prompt.end());
+  *prefill_request.mutable_sampling() = job_.sampling;
+  if (decode_.has_value()) {
+    v1::KvTarget* target = prefill_request.mutable_kv_target();
+    *target->mutable_decode_worker() = ToRef(*decode_);
+    *target->mutable_endpoint() = reservation_.endpoint();
+    target->set_transfer_id(reservation_.transfer_id());
+  }
+  grpc::ClientContext prefill_context;
+  SetDeadline(&prefill_context);
+  ScopedContext prefill_scope(this, &prefill_context);
+  queue_ms_ = MsBetween(arrival_, SteadyClock::now());
+  auto prefill_reader = cluster_->WorkerStub(prefill_->registration.address)
+                            ->Prefill(&prefill_context, prefill_request);
+  ReaderGuard<v1::PrefillResponse, grpc::ClientReader<v1::PrefillResponse>>
+      prefill_guard(prefill_reader.get(), &prefill_context);
+  v1::PrefillResponse message;
+  if (!prefill_reader->Read(&message) || !message.has_first_token()) {
+    const grpc::Status rpc = prefill_guard.Finish();
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    if (rpc.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "Prefill on worker ", prefill_->ref.id, " sent no first token"));
+    }
+    return WorkerError(*prefill_, "Prefill", rpc);
+  }
+  cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
+  prefill_tokens_added_ = 0;
+  auto first = requests.OnFirstToken(id);
+  if (!first.ok()) return first.status();
+  if (decode_.has_value()) cluster_->MarkTransferring(id);
+  prefill_ms_ = message.first_token().prefill_ms();
+  SendFirstToken(message.first_token());
+
+  // Decode starts now; the decode worker waits for the KV to land.
+  const WorkerInfo& decoder = decode_.has_value() ? *decode_ : *prefill_;
+  v1::DecodeRequest decode_request;
+  decode_request.set_request_id(id);
+  if (decode_.has_value()) {
+    decode_request.set_transfer_id(reservation_.transfer_id());
+  }
+  decode_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
+                                                 job_.prompt.end());
+  *decode_request.mutable_sampling() = job_.sampling;
+  decode_request.add_generated_token_ids(message.first_token().token_id());
+  decode_request.set_emitted_text_bytes(emitted_text_bytes_);
+  grpc::ClientContext decode_context;
+  SetDeadline(&decode_context);
+  ScopedContext decode_scope(this, &decode_context);
+  auto decode_reader = cluster_->WorkerStub(decoder.registration.address)
+                           ->Decode(&decode_context, decode_request);
+  ReaderGuard<v1::DecodeResponse, grpc::ClientReader<v1::DecodeResponse>>
+      decode_guard(decode_reader.get(), &decode_context);
+
+  while (prefill_reader->Read(&message)) {
+    if (message.has_handoff()) handoff_ = message.handoff();
+  }
+  const grpc::Status prefill_status = prefill_guard.Finish();
+  if (absl::Status s = aborted(); !s.ok()) return s;
+  if (!prefill_status.ok()) {
+    return WorkerError(*prefill_, "Prefill (KV handoff)", prefill_status);
+  }
+  if (decode_.has_value()) {
+    cluster_->ClearTransferring(id);
+    auto handed_off = requests.OnHandoff(id);
+    if (!handed_off.ok()) return handed_off.status();
+  }
+
+  v1::DecodeResponse response;
+  v1::DecodeResult result;
+  bool have_result = false;
+  while (decode_reader->Read(&response)) {
+    if (response.token_ids_size() > 0 || !response.text().empty()) {
+      v1::GenerateResponse out;
+      out.mutable_token_ids()->CopyFrom(response.token_ids());
+      out.set_text(response.text());
+      out.mutable_logprobs()->CopyFrom(response.logprobs());
+      completion_tokens_ += response.token_ids_size();
+      last_token_time_ = SteadyClock::now();
+      reactor_->Push(std::move(out));
+    }
+    if (response.has_result()) {
+      result = response.result();
+      have_result = true;
+    }
+  }
+  const grpc::Status decode_status = decode_guard.Finish();
+  if (absl::Status s = aborted(); !s.ok()) return s;
+  if (!decode_status.ok()) {
+    return WorkerError(decoder, "Decode", decode_status);
+  }
+  if (!have_result) {
+    return absl::InternalError(absl::StrCat("Decode on worker ", decoder.ref.id,
+                                            " ended without a result"));
+  }
+  if (result.finish_reason() == v1::FINISH_REASON_ERROR) {
+    return absl::Status(static_cast<absl::StatusCode>(result.error_code()),
+                        absl::StrCat("Decode on worker ", decoder.ref.id, ": ",
+                                     result.error_message()));
+  }
+  auto finished = requests.OnFinished(id);
+  if (!finished.ok()) return finished.status();
+  SendResult(result);
+  return absl::OkStatus();
+}
+
+void GenerateCall::SendFirstToken(const v1::PrefillFirstToken& first) {
+  // The first token's text, as the decode worker will compute it, so the
+  // client gets text at once; the decode worker skips these bytes.
+  const Tokenizer& tokenizer = cluster_->model().tokenizer();
+  auto params = FromProto(job_.sampling);
+  std::string text;
+  if (params.ok() &&
+      !IsStopToken(*params, first.token_id(),
+                   tokenizer.end_of_generation_ids()) &&
+      tokenizer.IsValidId(first.token_id())) {
+    IncrementalDecoder decoder(tokenizer, /*skip_special=*/true);
+    StopChecker stops(params->stop);
+    text = stops.Push(decoder.Push(first.token_id())).emit;
+  }
+  emitted_text_bytes_ = static_cast<int64_t>(text.size());
+  v1::GenerateResponse out;
+  out.set_request_id(job_.client_id);
+  out.add_token_ids(first.token_id());
+  out.set_text(std::move(text));
+  if (first.has_logprobs()) *out.add_logprobs() = first.logprobs();
+  completion_tokens_ = 1;
+  first_token_time_ = last_token_time_ = SteadyClock::now();
+  ttft_ms_ = MsBetween(arrival_, first_token_time_);
+  streamed_ = true;
+  reactor_->Push(std::move(out));
+}
+
+v1::GenerateResult GenerateCall::BaseResult() const {
+  v1::GenerateResult result;
+  result.mutable_usage()->set_prompt_tokens(
+      static_cast<int32_t>(job_.prompt.size()));
+  result.mutable_usage()->set_completion_tokens(completion_tokens_);
+  v1::PhaseTimings* t = result.mutable_timings();
+  t->set_queue_ms(queue_ms_);
+  t->set_prefill_ms(prefill_ms_);
+  t->set_kv_transfer_bytes(handoff_.kv_transfer_bytes());
+  t->set_kv_transfer_ms(handoff_.kv_transfer_ms());
+  t->set_kv_transfer_exposed_ms(handoff_.kv_transfer_exposed_ms());
+  t->set_ttft_ms(ttft_ms_);
+  if (completion_tokens_ > 1) {
+    const double s = MsBetween(first_token_time_, last_token_time_) / 1e3;
+    if (s > 0) t->set_decode_tokens_per_s((completion_tokens_ - 1) / s);
+  }
+  t->set_total_ms(MsBetween(arrival_, SteadyClock::now()));
+  if (prefill_.has_value()) {
+    *result.mutable_prefill_worker() = ToRef(*prefill_);
+    *result.mutable_decode_worker() =
+        ToRef(decode_.has_value() ? *decode_ : *prefill_);
+    result.set_kv_transport(decode_.has_value() ? v1::KV_TRANSPORT_HOST_TCP
+                                                : v1::KV_TRANSPORT_LOCAL);
+  }
+  result.set_seed(job_.sampling.seed());
+  return result;
+}
+
+void GenerateCall::SendResult(const v1::DecodeResult& decoded) {
+  v1::GenerateResponse out;
+  out.set_request_id(job_.client_id);
+  v1::GenerateResult* result = out.mutable_result();
+  *result = BaseResult();
+  result->set_finish_reason(decoded.finish_reason());
+  if (decoded.has_stop_token_id()) {
+    result->set_stop_token_id(decoded.stop_token_id());
+  } else if (decoded.has_stop_string()) {
+    result->set_stop_string(decoded.stop_string());
+  }
+  reactor_->Push(std::move(out));
+  reactor_->Close(grpc::Status::OK);
+  reactor_ = nullptr;
+}
+
+void GenerateCall::Fail(absl::Status why) {
+  {
+    absl::MutexLock lock(&mu_);
+    // The first abort's reason is the real one; RPC errors after it are
+    // only its echo (CANCELLED).
+    if (!abort_.ok()) {
+      why = abort_;
+    } else {
+      abort_ = why;
+    }
+    for (grpc::ClientContext* context : contexts_) context->TryCancel();
+  }
+  RequestStateMachine& requests = cluster_->requests();
+  auto snapshot = requests.Get(job_.internal_id);
+  if (snapshot.ok() && !IsTerminal(snapshot->state)) {
+    absl::StatusOr<Transition> t =
+        why.code() == absl::StatusCode::kCancelled ||
+                snapshot->state == RequestState::kQueued
+            ? requests.Cancel(job_.internal_id, why.message())
+            : requests.OnPhaseFailed(job_.internal_id, why);
+    if (t.ok()) cluster_->PerformCleanup(*t);
+  }
+  if (reactor_ == nullptr) return;
+  if (!streamed_) {
+    reactor_->Close(ToGrpcStatus(why));
+  } else {
+    v1::GenerateResponse out;
+    out.set_request_id(job_.client_id);
+    v1::GenerateResult* result = out.mutable_result();
+    *result = BaseResult();
+    result->set_finish_reason(why.code() == absl::StatusCode::kCancelled
+                                  ? v1::FINISH_REASON_CANCELLED
+                                  : v1::FINISH_REASON_ERROR);
+    result->set_error_code(static_cast<int32_t>(why.code()));
+    result->set_error_message(std::string(why.message()));
+    reactor_->Push(std::move(out));
+    reactor_->Close(grpc::Status::OK);
+  }
+  reactor_ = nullptr;
+}
+
+}  // namespace baton::coordinator

@@ -1,0 +1,129 @@
+// One Generate request, driven start to finish on its own thread:
+//
+//   route ─▶ [ReserveKv on the decode worker] ─▶ Prefill ─▶ first token to
+//   the client ─▶ Decode (started before the handoff completes; the decode
+//   worker waits for the last layer) ─▶ tokens to the client ─▶ result.
+//
+// Every step is an edge of the cluster's RequestStateMachine, so the KV
+// leases of the request are always known; any failure, client cancel or
+// deadline takes the state machine's abort edge and sends Worker.Cancel for
+// every lease it reports. Errors before the first token are the RPC's
+// status; after it, an in-band FINISH_REASON_ERROR result.
+//
+// A request whose worker dies fails with UNAVAILABLE (retriable): tokens
+// already streamed cannot be taken back, and replaying a sampled request
+// elsewhere would duplicate them, so the client decides whether to retry.
+#ifndef BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
+#define BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "baton/v1/api.pb.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "coordinator/service/cluster.h"
+#include "worker/service/stream_reactor.h"
+
+namespace baton::coordinator {
+
+using GenerateReactor = StreamReactor<v1::GenerateResponse>;
+
+// A validated request, ready to run.
+struct GenerateJob {
+  // Unique in the cluster; what workers see.
+  std::string internal_id;
+  // What the client sees (its own id, or internal_id).
+  std::string client_id;
+  std::vector<int32_t> prompt;
+  // Validated; seed set (drawn if the client gave none).
+  v1::SamplingParams sampling;
+  // Client deadline (InfiniteFuture if none).
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// Validates `request` against the served model: InvalidArgument naming the
+// field (model, prompt, sampling.*), NotFound for another model.
+absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
+                                            const v1::GenerateRequest& request,
+                                            absl::Time deadline);
+
+class GenerateCall final : public CallHandle,
+                           public std::enable_shared_from_this<GenerateCall> {
+ public:
+  // Runs `job` on a new thread, streaming into `reactor` (which the call
+  // closes exactly once). The cluster must outlive the call (its destructor
+  // waits for running calls).
+  static void Start(Cluster* cluster, GenerateJob job,
+                    GenerateReactor* reactor);
+
+  void Abort(const absl::Status& status) override;
+
+  GenerateCall(Cluster* cluster, GenerateJob job, GenerateReactor* reactor);
+  ~GenerateCall() override;
+
+ private:
+  using SteadyClock = std::chrono::steady_clock;
+
+  // Registers a client context so Abort can cancel it; cancels it at once
+  // if the call is already aborted.
+  class ScopedContext;
+
+  void Run();
+  // Picks the workers and, for a split request, reserves the decode blocks.
+  absl::Status Route();
+  // Picks the prefill worker among those of `role` (prefill_).
+  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& info);
+  // Prefill, first token, Decode and the stream to the client.
+  absl::Status Serve();
+  // Takes the state machine's abort edge (unless the request is already
+  // terminal), performs its cleanup and reports `why` to the client.
+  void Fail(absl::Status why);
+  void SendFirstToken(const v1::PrefillFirstToken& first);
+  void SendResult(const v1::DecodeResult& result);
+  v1::GenerateResult BaseResult() const;
+  // Sleeps up to `d`; false if the call was aborted meanwhile.
+  bool Backoff(absl::Duration d);
+  absl::Status aborted() const;
+  void SetDeadline(grpc::ClientContext* context) const;
+
+  Cluster* const cluster_;
+  const GenerateJob job_;
+  GenerateReactor* reactor_;  // null once closed
+  const SteadyClock::time_point arrival_;
+
+  // Routing outcome.
+  std::optional<WorkerInfo> prefill_;
+  std::optional<WorkerInfo> decode_;  // unset: colocated on prefill_
+  v1::ReserveKvResponse reservation_;
+  int64_t decode_blocks_ = 0;         // added to the cluster's accounting
+  int64_t prefill_tokens_added_ = 0;  // idem
+
+  // Progress, for the result.
+  bool streamed_ = false;  // at least one message sent to the client
+  int32_t completion_tokens_ = 0;
+  int64_t emitted_text_bytes_ = 0;  // first token's text already sent
+  double queue_ms_ = 0;
+  double prefill_ms_ = 0;
+  double ttft_ms_ = 0;
+  SteadyClock::time_point first_token_time_;
+  SteadyClock::time_point last_token_time_;
+  v1::PrefillHandoff handoff_;
+
+  mutable absl::Mutex mu_;
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton::coordinator
+
+#endif  // BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_

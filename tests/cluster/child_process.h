@@ -1,0 +1,50 @@
+// A child process for tests: spawned with its stdout on a pipe (the first
+// line announces where it listens), stderr inherited. Killed (SIGKILL) and
+// reaped on destruction if still running.
+#ifndef BATON_TESTS_CLUSTER_CHILD_PROCESS_H_
+#define BATON_TESTS_CLUSTER_CHILD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace baton::testing {
+
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with argv and waits up to `ready_timeout` for
+  // the first line of its stdout, returned by first_line(). DeadlineExceeded
+  // or Internal (with the exit status) if it does not come.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(
+      const std::vector<std::string>& argv, absl::Duration ready_timeout);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& first_line() const { return first_line_; }
+  bool running() const { return !exit_status_.has_value(); }
+
+  // Sends `signal` (no-op once reaped).
+  void Signal(int signal);
+  // Waits up to `timeout` for the process to exit; its wait status, or
+  // DeadlineExceeded.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+
+ private:
+  ChildProcess() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string first_line_;
+  std::optional<int> exit_status_;
+};
+
+}  // namespace baton::testing
+
+#endif  // BATON_TESTS_CLUSTER_CHILD_PROCESS_H_

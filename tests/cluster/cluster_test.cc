@@ -1,0 +1,123 @@
+// Real clusters on loopback (a baton-coordinator and worker processes):
+// every shape returns token for token what one in-process engine returns for
+// the same requests and seeds, greedy and sampled, with 32 concurrent
+// streams; afterwards every worker has all its KV blocks free.
+#include <grpcpp/grpcpp.h>
+
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/cluster_test_util.h"
+#include "tests/cluster/local_cluster.h"
+
+namespace baton::testing {
+namespace {
+
+constexpr int kStreams = 32;
+
+struct Shape {
+  const char* name;
+  int prefill;
+  int decode;
+  int both;
+};
+
+class ClusterEquivalenceTest : public ::testing::TestWithParam<Shape> {
+ protected:
+  // Half greedy, half sampled, different prompts and lengths.
+  static std::vector<v1::GenerateRequest> Requests() {
+    const char* topics[] = {"the sea",   "a robot",  "autumn",   "coffee",
+                            "mountains", "a violin", "the moon", "trains"};
+    std::vector<v1::GenerateRequest> requests;
+    for (int i = 0; i < kStreams; ++i) {
+      const bool greedy = i % 2 == 0;
+      requests.push_back(ChatRequest(
+          absl::StrCat("Write one sentence about ", topics[i % 8], "."),
+          /*max_tokens=*/6 + i % 7, greedy ? 0.0 : 0.8,
+          /*seed=*/1000 + static_cast<uint64_t>(i)));
+      requests.back().set_request_id(absl::StrCat("eq-", i));
+    }
+    return requests;
+  }
+
+  static std::vector<Expected>* expected_;
+  static void SetUpTestSuite() {
+    expected_ = new std::vector<Expected>(InProcessReference(Requests()));
+  }
+  static void TearDownTestSuite() { delete expected_; }
+};
+
+std::vector<Expected>* ClusterEquivalenceTest::expected_ = nullptr;
+
+TEST_P(ClusterEquivalenceTest, SameTokensAsInProcessEngine) {
+  const Shape shape = GetParam();
+  LocalClusterOptions options;
+  options.prefill = shape.prefill;
+  options.decode = shape.decode;
+  options.both = shape.both;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  const std::vector<v1::GenerateRequest> requests = Requests();
+  std::vector<StreamResult> results(requests.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back(
+        [&, i] { results[i] = RunGenerate((*cluster)->baton(), requests[i]); });
+  }
+  for (std::thread& t : clients) t.join();
+
+  std::set<std::string> prefill_workers;
+  std::set<std::string> decode_workers;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat(shape.name, " request ", i));
+    const StreamResult& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_TRUE(r.has_result);
+    EXPECT_EQ(r.tokens, (*expected_)[i].tokens);
+    EXPECT_EQ(r.text, (*expected_)[i].text);
+    EXPECT_EQ(r.result.finish_reason(), (*expected_)[i].finish_reason);
+    EXPECT_EQ(r.result.usage().completion_tokens(),
+              static_cast<int>(r.tokens.size()));
+    EXPECT_EQ(r.result.seed(), requests[i].sampling().seed());
+    EXPECT_GT(r.result.timings().ttft_ms(), 0.0);
+    EXPECT_GE(r.result.timings().total_ms(), r.result.timings().ttft_ms());
+    prefill_workers.insert(r.result.prefill_worker().worker_id());
+    decode_workers.insert(r.result.decode_worker().worker_id());
+    if (shape.both > 0) {
+      EXPECT_EQ(r.result.kv_transport(), v1::KV_TRANSPORT_LOCAL);
+      EXPECT_EQ(r.result.prefill_worker().worker_id(),
+                r.result.decode_worker().worker_id());
+      EXPECT_EQ(r.result.timings().kv_transfer_bytes(), 0);
+    } else {
+      EXPECT_EQ(r.result.kv_transport(), v1::KV_TRANSPORT_HOST_TCP);
+      EXPECT_NE(r.result.prefill_worker().worker_id(),
+                r.result.decode_worker().worker_id());
+      EXPECT_GT(r.result.timings().kv_transfer_bytes(), 0);
+      EXPECT_GT(r.result.timings().kv_transfer_ms(), 0.0);
+    }
+  }
+  // Every worker of each pool took part.
+  EXPECT_EQ(static_cast<int>(prefill_workers.size()),
+            shape.prefill + shape.both);
+  EXPECT_EQ(static_cast<int>(decode_workers.size()), shape.decode + shape.both);
+  EXPECT_TRUE((*cluster)->WaitAllFree(absl::Seconds(10)).ok())
+      << (*cluster)->WaitAllFree(absl::ZeroDuration());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ClusterEquivalenceTest,
+                         ::testing::Values(Shape{"1P1D", 1, 1, 0},
+                                           Shape{"2P1D", 2, 1, 0},
+                                           Shape{"1P2D", 1, 2, 0},
+                                           Shape{"2C", 0, 0, 2}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return std::string("_") + info.param.name;
+                         });
+
+}  // namespace
+}  // namespace baton::testing

@@ -1,0 +1,95 @@
+#include "tests/cluster/cluster_test_util.h"
+
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "cli/model_bundle.h"
+#include "common/check.h"
+#include "common/test_util.h"
+#include "worker/engine/engine.h"
+#include "worker/service/proto_convert.h"
+
+namespace baton::testing {
+
+StreamResult RunGenerate(v1::Baton::Stub& stub,
+                         const v1::GenerateRequest& request,
+                         const StreamOptions& options) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
+  StreamResult out;
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  bool cancelled = false;
+  while (reader->Read(&response)) {
+    ++out.messages;
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(),
+                      response.token_ids().end());
+    out.text += response.text();
+    if (response.has_result()) {
+      out.has_result = true;
+      out.result = response.result();
+    }
+    if (!cancelled && options.cancel_after_tokens >= 0 &&
+        static_cast<int>(out.tokens.size()) >= options.cancel_after_tokens) {
+      context.TryCancel();
+      cancelled = true;
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest ChatRequest(const std::string& user, int max_tokens,
+                                double temperature, uint64_t seed) {
+  v1::GenerateRequest request;
+  v1::ChatMessage* message = request.mutable_chat()->add_messages();
+  message->set_role("user");
+  message->set_content(user);
+  request.mutable_sampling()->set_max_tokens(max_tokens);
+  request.mutable_sampling()->set_temperature(temperature);
+  request.mutable_sampling()->set_seed(seed);
+  if (temperature > 0) request.mutable_sampling()->set_top_p(0.9);
+  return request;
+}
+
+std::vector<Expected> InProcessReference(
+    const std::vector<v1::GenerateRequest>& requests) {
+  auto bundle = cli::LoadModelBundle(DefaultModelPath());
+  BATON_CHECK(bundle.ok()) << bundle.status();
+  EngineOptions options;
+  options.num_threads = 2;
+  options.kv_cache_blocks = 2048;
+  auto engine =
+      Engine::Create(options, bundle->weights.get(), bundle->tokenizer.get());
+  BATON_CHECK(engine.ok()) << engine.status();
+  std::vector<Expected> expected(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const v1::GenerateRequest& r = requests[i];
+    BATON_CHECK(r.has_chat() && r.chat().messages_size() == 1);
+    GenerationRequest generation;
+    generation.id = absl::StrCat("reference-", i);
+    generation.prompt =
+        bundle->EncodePrompt(r.chat().messages(0).content(), /*raw=*/false);
+    auto params = FromProto(r.sampling());
+    BATON_CHECK(params.ok()) << params.status();
+    generation.params = *params;
+    Expected* e = &expected[i];
+    BATON_CHECK((*engine)
+                    ->Submit(generation,
+                             [e](const RequestOutput& out) {
+                               for (const TokenOutput& t : out.tokens) {
+                                 e->tokens.push_back(t.token);
+                               }
+                               e->text += out.text;
+                               if (out.finish_reason != FinishReason::kNone) {
+                                 e->finish_reason = ToProto(out.finish_reason);
+                               }
+                             })
+                    .ok());
+  }
+  (*engine)->RunUntilIdle();
+  return expected;
+}
+
+}  // namespace baton::testing

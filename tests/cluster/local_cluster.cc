@@ -1,0 +1,205 @@
+#include "tests/cluster/local_cluster.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/test_util.h"
+
+namespace baton::testing {
+namespace {
+
+// "... listening on HOST:PORT, ..." or "... listening on HOST:PORT".
+absl::StatusOr<std::string> ListeningAddress(const std::string& line) {
+  const std::string marker = "listening on ";
+  const size_t at = line.find(marker);
+  if (at == std::string::npos) {
+    return absl::InternalError(
+        absl::StrCat("unexpected first line '", line, "' (no 'listening on')"));
+  }
+  const size_t begin = at + marker.size();
+  const size_t end = line.find(',', begin);
+  return line.substr(begin, end == std::string::npos ? end : end - begin);
+}
+
+std::unique_ptr<grpc::ClientContext> ShortContext() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+  return context;
+}
+
+}  // namespace
+
+std::string BinaryDir() { return BATON_TEST_BINARY_DIR; }
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  const std::string model = DefaultModelPath();
+  std::vector<std::string> argv = {
+      BinaryDir() + "/baton-coordinator", "--listen=127.0.0.1:0",
+      "--model=" + model, absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
+      absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms)};
+  argv.insert(argv.end(), options.coordinator_flags.begin(),
+              options.coordinator_flags.end());
+  auto coordinator = ChildProcess::Spawn(argv, absl::Seconds(30));
+  if (!coordinator.ok()) return coordinator.status();
+  cluster->coordinator_ = std::move(*coordinator);
+  auto address = ListeningAddress(cluster->coordinator_->first_line());
+  if (!address.ok()) return address.status();
+  cluster->address_ = *address;
+  cluster->baton_ = v1::Baton::NewStub(grpc::CreateChannel(
+      cluster->address_, grpc::InsecureChannelCredentials()));
+
+  std::vector<std::string> roles;
+  for (int i = 0; i < options.prefill; ++i) roles.push_back("prefill");
+  for (int i = 0; i < options.decode; ++i) roles.push_back("decode");
+  for (int i = 0; i < options.both; ++i) roles.push_back("both");
+  // Spawn all, then wait for each: the workers load the model in parallel.
+  std::vector<absl::StatusOr<std::unique_ptr<ChildProcess>>> spawned;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    spawned.emplace_back(absl::UnknownError("not started"));
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    const int64_t mib = roles[i] != "prefill" && options.decode_kv_cache_mib > 0
+                            ? options.decode_kv_cache_mib
+                            : options.kv_cache_mib;
+    std::vector<std::string> worker_argv = {
+        BinaryDir() + "/baton-worker",
+        "--role=" + roles[i],
+        "--listen=127.0.0.1:0",
+        "--kv_listen=127.0.0.1:0",
+        "--model=" + model,
+        absl::StrCat("--threads=", options.threads),
+        absl::StrCat("--kv_cache_mib=", mib),
+        "--coordinator=" + cluster->address_};
+    threads.emplace_back([&spawned, i, worker_argv] {
+      spawned[i] = ChildProcess::Spawn(worker_argv, absl::Seconds(60));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (!spawned[i].ok()) return spawned[i].status();
+    Worker worker;
+    worker.role = roles[i];
+    worker.process = std::move(*spawned[i]);
+    auto worker_address = ListeningAddress(worker.process->first_line());
+    if (!worker_address.ok()) return worker_address.status();
+    worker.address = *worker_address;
+    worker.stub = v1::Worker::NewStub(grpc::CreateChannel(
+        worker.address, grpc::InsecureChannelCredentials()));
+    cluster->workers_.push_back(std::move(worker));
+  }
+  if (options.wait_healthy) {
+    absl::Status healthy =
+        cluster->WaitHealthy(static_cast<int>(roles.size()), absl::Seconds(30));
+    if (!healthy.ok()) return healthy;
+  }
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() {
+  for (Worker& w : workers_) w.process->Signal(SIGTERM);
+  if (coordinator_ != nullptr) coordinator_->Signal(SIGTERM);
+  for (Worker& w : workers_) {
+    if (!w.process->Wait(absl::Seconds(10)).ok()) w.process->Signal(SIGKILL);
+  }
+  if (coordinator_ != nullptr && !coordinator_->Wait(absl::Seconds(10)).ok()) {
+    coordinator_->Signal(SIGKILL);
+  }
+}
+
+absl::Status LocalCluster::WaitHealthy(int count, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  while (absl::Now() < deadline) {
+    v1::GetClusterStatusResponse status;
+    auto context = ShortContext();
+    grpc::Status rpc = baton_->GetClusterStatus(
+        context.get(), v1::GetClusterStatusRequest(), &status);
+    if (rpc.ok()) {
+      int healthy = 0;
+      for (const v1::WorkerStatus& w : status.workers()) {
+        if (w.health() == v1::WORKER_HEALTH_HEALTHY) ++healthy;
+      }
+      if (healthy == count) return absl::OkStatus();
+      last = absl::StrCat(healthy, " of ", count, " healthy");
+    } else {
+      last = rpc.error_message();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("workers not healthy in time: ", last));
+}
+
+absl::Status LocalCluster::WaitAllFree(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string holder;
+  while (true) {
+    holder.clear();
+    for (const Worker& w : workers_) {
+      if (!w.process->running()) continue;
+      v1::GetWorkerStatusResponse status;
+      auto context = ShortContext();
+      grpc::Status rpc = w.stub->GetWorkerStatus(
+          context.get(), v1::GetWorkerStatusRequest(), &status);
+      if (!rpc.ok()) {
+        holder = absl::StrCat(w.role, " worker ", w.address,
+                              " unreachable: ", rpc.error_message());
+        break;
+      }
+      if (status.load().kv_blocks_free() != status.load().kv_blocks_total() ||
+          status.leased_request_ids_size() > 0) {
+        holder = absl::StrCat(
+            w.role, " worker ", w.address, ": kv_blocks_free ",
+            status.load().kv_blocks_free(), " of ",
+            status.load().kv_blocks_total(), ", ",
+            status.leased_request_ids_size(), " leased requests",
+            status.leased_request_ids_size() > 0
+                ? absl::StrCat(" (first '", status.leased_request_ids(0), "')")
+                : "");
+        break;
+      }
+    }
+    if (holder.empty()) {
+      v1::GetClusterStatusResponse status;
+      auto context = ShortContext();
+      grpc::Status rpc = baton_->GetClusterStatus(
+          context.get(), v1::GetClusterStatusRequest(), &status);
+      if (!rpc.ok()) {
+        holder = absl::StrCat("coordinator: ", rpc.error_message());
+      } else if (status.active_requests() != 0) {
+        holder = absl::StrCat("coordinator: ", status.active_requests(),
+                              " active requests");
+      }
+    }
+    if (holder.empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("KV blocks still held after ",
+                       absl::FormatDuration(timeout), ": ", holder));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void LocalCluster::Kill(int index) {
+  Worker& w = workers_.at(static_cast<size_t>(index));
+  w.process->Signal(SIGKILL);
+  w.process->Wait(absl::Seconds(10)).IgnoreError();
+}
+
+int LocalCluster::WorkerIndex(const std::string& address) const {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i].address == address) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace baton::testing

@@ -1,0 +1,83 @@
+// A Baton cluster of real processes on loopback for tests: one
+// baton-coordinator and any number of prefill, decode and `both` workers
+// with the default model, all on ports chosen by the kernel.
+#ifndef BATON_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+#define BATON_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/api.grpc.pb.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "tests/cluster/child_process.h"
+
+namespace baton::testing {
+
+struct LocalClusterOptions {
+  int prefill = 1;
+  int decode = 1;
+  int both = 0;
+  // KV pool of every worker, and of decode (and both) workers if > 0.
+  int64_t kv_cache_mib = 64;
+  int64_t decode_kv_cache_mib = 0;
+  int threads = 1;
+  int heartbeat_ms = 100;
+  int lease_ttl_ms = 1000;
+  // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
+  std::vector<std::string> coordinator_flags;
+  // Register the workers and wait until all are healthy.
+  bool wait_healthy = true;
+};
+
+class LocalCluster {
+ public:
+  struct Worker {
+    std::string role;     // "prefill", "decode", "both"
+    std::string address;  // of its Worker service
+    std::unique_ptr<ChildProcess> process;
+    std::unique_ptr<v1::Worker::Stub> stub;
+  };
+
+  // Starts the coordinator, then every worker; waits until all workers are
+  // registered and healthy (when options.wait_healthy).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
+      const LocalClusterOptions& options);
+  // SIGTERM to every process, SIGKILL after 10 s.
+  ~LocalCluster();
+
+  const std::string& address() const { return address_; }
+  v1::Baton::Stub& baton() { return *baton_; }
+  std::vector<Worker>& workers() { return workers_; }
+
+  // Until GetClusterStatus lists `count` HEALTHY workers.
+  absl::Status WaitHealthy(int count, absl::Duration timeout);
+  // Until every running worker reports kv_blocks_free == kv_blocks_total
+  // and no leased request, and the coordinator no active request. The
+  // error names the first worker still holding blocks, with its numbers.
+  absl::Status WaitAllFree(absl::Duration timeout);
+  // SIGKILL to worker `index`, reaped before returning.
+  void Kill(int index);
+
+  // The index of the worker with this address, or -1.
+  int WorkerIndex(const std::string& address) const;
+
+ private:
+  LocalCluster() = default;
+
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::string address_;
+  std::unique_ptr<v1::Baton::Stub> baton_;
+  std::vector<Worker> workers_;
+};
+
+// The directory holding baton-coordinator and baton-worker.
+std::string BinaryDir();
+
+}  // namespace baton::testing
+
+#endif  // BATON_TESTS_CLUSTER_LOCAL_CLUSTER_H_
