@@ -79,6 +79,12 @@ Cluster::Cluster(const ClusterOptions& options,
       requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}) {}
 
 Cluster::~Cluster() {
+  Shutdown();
+  stop_.Notify();
+  sweeper_.join();
+}
+
+void Cluster::Shutdown() {
   std::vector<std::shared_ptr<CallHandle>> calls;
   {
     absl::MutexLock lock(&mu_);

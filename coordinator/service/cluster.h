@@ -65,8 +65,11 @@ class Cluster {
   static absl::StatusOr<std::unique_ptr<Cluster>> Create(
       const ClusterOptions& options, std::unique_ptr<ServedModel> model,
       const Clock* clock);
-  // Aborts every call, waits for them to end, stops the sweeper.
+  // Shutdown(), then stops the sweeper.
   ~Cluster();
+  // Refuses new requests, aborts every running call (its client gets
+  // UNAVAILABLE) and waits up to 10 s for the calls to end. Idempotent.
+  void Shutdown();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
 

@@ -111,9 +111,12 @@ int Main() {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   Log(absl::StrCat("signal ", signal_number, ", stopping"));
-  // Calls end first (their clients get UNAVAILABLE), then the server.
-  cluster->reset();
+  // Calls end first (their clients get UNAVAILABLE), then the server (no
+  // handler runs after it), then the cluster.
+  (*cluster)->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server.reset();
+  cluster->reset();
   return 0;
 }
 
