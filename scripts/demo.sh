@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, build, and answer a prompt with the
-# default model (in-process engine; the cluster version follows the cluster).
+# The main job on a fresh machine: set up, build, start a local 1P1D cluster
+# (a coordinator, one prefill and one decode worker, KV handed over TCP on
+# loopback), answer a chat prompt with the default model, print TTFT and the
+# phase timings, and stop the cluster.
 #   scripts/demo.sh ["your prompt"]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/build.sh"
 PROMPT="${1:-Give me three tips for staying focused while studying.}"
-"$ROOT/build/bin/baton" generate --model="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
-  --prompt="$PROMPT" --max_tokens=200
+exec "$ROOT/scripts/local_cluster.sh" 1P1D --no-build -- sh -c \
+  '"$0" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=200' \
+  "$ROOT/build/bin/baton" "$PROMPT"

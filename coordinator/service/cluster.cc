@@ -105,8 +105,6 @@ void Cluster::Shutdown() {
             &calls_),
         absl::Seconds(10));
   }
-  stop_.Notify();
-  sweeper_.join();
 }
 
 std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(

@@ -41,6 +41,12 @@ void ExpectAllFree(LocalCluster& cluster) {
   EXPECT_TRUE(free.ok()) << free;
 }
 
+// Every process still running stops cleanly on SIGTERM.
+void ExpectCleanStop(LocalCluster& cluster) {
+  const absl::Status stopped = cluster.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
 TEST(ClusterFaultTest, ClientCancelMidStreamFreesEveryBlock) {
   auto cluster = StartOrDie({});
   ASSERT_NE(cluster, nullptr);
@@ -62,6 +68,7 @@ TEST(ClusterFaultTest, ClientCancelMidStreamFreesEveryBlock) {
     EXPECT_LT(r.tokens.size(), 2000u);
   }
   ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
 }
 
 TEST(ClusterFaultTest, DeadlineExpiryFreesEveryBlock) {
@@ -75,6 +82,7 @@ TEST(ClusterFaultTest, DeadlineExpiryFreesEveryBlock) {
       << r.status.error_message();
   EXPECT_FALSE(r.has_result);
   ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
 }
 
 // 4 MiB of KV is 11 blocks of 16 tokens on the decode worker.
@@ -123,6 +131,7 @@ TEST(ClusterFaultTest, DecodePoolWithoutRoom) {
   EXPECT_GE(ok, 1);
   EXPECT_GE(exhausted, 1);
   ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
 }
 
 // A reservation made directly on a decode worker, which the coordinator
@@ -152,6 +161,7 @@ TEST(ClusterFaultTest, OrphanedReservationIsFreedAndRequestsProceed) {
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens.size(), 20u);
   ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
 }
 
 // Requests on a decode worker that is SIGKILLed end with UNAVAILABLE (the
@@ -217,6 +227,7 @@ TEST(ClusterFaultTest, DecodeWorkerKilledMidRequest) {
   EXPECT_EQ(after.result.decode_worker().address(),
             cluster->workers()[2].address);
   ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
 }
 
 TEST(ClusterFaultTest, EmptyPoolsAreUnavailableAtOnce) {

@@ -108,6 +108,8 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsInProcessEngine) {
   EXPECT_EQ(static_cast<int>(decode_workers.size()), shape.decode + shape.both);
   EXPECT_TRUE((*cluster)->WaitAllFree(absl::Seconds(10)).ok())
       << (*cluster)->WaitAllFree(absl::ZeroDuration());
+  const absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ClusterEquivalenceTest,

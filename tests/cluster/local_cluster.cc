@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <thread>
@@ -112,6 +113,36 @@ LocalCluster::~LocalCluster() {
   if (coordinator_ != nullptr && !coordinator_->Wait(absl::Seconds(10)).ok()) {
     coordinator_->Signal(SIGKILL);
   }
+}
+
+absl::Status LocalCluster::Stop() {
+  std::vector<std::pair<std::string, ChildProcess*>> running;
+  for (Worker& w : workers_) {
+    if (w.process->running()) {
+      running.emplace_back(absl::StrCat(w.role, " worker ", w.address),
+                           w.process.get());
+    }
+  }
+  if (coordinator_ != nullptr && coordinator_->running()) {
+    running.emplace_back("coordinator", coordinator_.get());
+  }
+  for (auto& [name, process] : running) process->Signal(SIGTERM);
+  absl::Status result;
+  for (auto& [name, process] : running) {
+    absl::StatusOr<int> status = process->Wait(absl::Seconds(10));
+    if (!status.ok()) {
+      process->Signal(SIGKILL);
+      result.Update(absl::DeadlineExceededError(
+          absl::StrCat(name, " did not stop within 10 s of SIGTERM")));
+    } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      result.Update(absl::InternalError(
+          absl::StrCat(name, " ended with wait status ", *status,
+                       WIFSIGNALED(*status)
+                           ? absl::StrCat(" (signal ", WTERMSIG(*status), ")")
+                           : "")));
+    }
+  }
+  return result;
 }
 
 absl::Status LocalCluster::WaitHealthy(int count, absl::Duration timeout) {

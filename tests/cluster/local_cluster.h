@@ -60,6 +60,9 @@ class LocalCluster {
   // and no leased request, and the coordinator no active request. The
   // error names the first worker still holding blocks, with its numbers.
   absl::Status WaitAllFree(absl::Duration timeout);
+  // SIGTERM to every running process; OK if each exits with status 0
+  // within 10 s (a crash at shutdown is an error naming the process).
+  absl::Status Stop();
   // SIGKILL to worker `index`, reaped before returning.
   void Kill(int index);
 

@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "cli/model_bundle.h"
+#include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
@@ -166,6 +167,32 @@ class Registrar {
   std::thread thread_;
 };
 
+// One short request before serving: faults in the weights and starts the
+// thread pool, so the first client request does not pay for it.
+absl::Status WarmUp(Engine& engine) {
+  GenerationRequest request;
+  request.id = "warm-up";
+  for (int32_t i = 0; i < 32; ++i) {
+    request.prompt.push_back(i %
+                             static_cast<int32_t>(engine.config().vocab_size));
+  }
+  request.params.temperature = 0.0;
+  request.params.seed = 0;
+  request.params.max_tokens = 2;
+  request.params.ignore_eos = true;
+  absl::Status result = absl::UnknownError("warm-up did not finish");
+  BATON_RETURN_IF_ERROR(
+      engine.Submit(request, [&result](const RequestOutput& out) {
+        if (out.finish_reason == FinishReason::kError) {
+          result = out.error;
+        } else if (out.finish_reason != FinishReason::kNone) {
+          result = absl::OkStatus();
+        }
+      }));
+  engine.RunUntilIdle();
+  return result;
+}
+
 int Main() {
   // Signals are taken by sigwait below, so every thread must block them.
   sigset_t signals;
@@ -219,6 +246,10 @@ int Main() {
                                bundle->tokenizer.get());
   if (!engine.ok()) {
     Log(engine.status().ToString());
+    return 1;
+  }
+  if (absl::Status s = WarmUp(**engine); !s.ok()) {
+    Log(absl::StrCat("warm-up failed: ", s.ToString()));
     return 1;
   }
   const ModelConfig& config = (*engine)->config();
