@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The test command: sets up what is missing, builds Baton and its fuzz targets,
-# and runs every test with ctest (unit, reference and bounded fuzz runs).
+# and runs every test with ctest (unit, reference and bounded fuzz runs), then
+# the concurrent part (tests labelled `sanitize`: the multi-process cluster
+# suite, the worker service, KV transports, disaggregation and the
+# coordinator core) again under AddressSanitizer + UBSan and under
+# ThreadSanitizer, each in its own smaller build.
 #
-#   scripts/test.sh            everything (what CI runs)
-#   BATON_JOBS=N scripts/test.sh   build parallelism (default: nproc)
+#   scripts/test.sh                   everything (what CI runs)
+#   BATON_JOBS=N scripts/test.sh      build parallelism (default: nproc)
+#   BATON_SANITIZERS=none scripts/test.sh   skip the sanitizer builds
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,5 +26,20 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBATON_FUZZ_BUILD_DIR="$ROOT/build-fuzz" >/dev/null
 cmake --build build -j "$JOBS"
 
-cd build
-ctest --output-on-failure -j "$JOBS"
+(cd build && ctest --output-on-failure -j "$JOBS")
+
+[[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
+SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
+  cluster_services_test worker_service_test kv_transport_test kv_transport_fault_test
+  disaggregation_test disaggregation_fault_test coordinator_core_test)
+export ASAN_OPTIONS="detect_leaks=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+# See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
+export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:suppressions=$ROOT/common/tsan/grpc.supp"
+for sanitizer in address,undefined thread; do
+  dir="build-${sanitizer%%,*}"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBATON_SANITIZE="$sanitizer" -DBATON_CUDA=OFF >/dev/null
+  cmake --build "$dir" -j "$JOBS" --target "${SANITIZE_TARGETS[@]}"
+  (cd "$dir" && ctest --output-on-failure -L sanitize)
+done

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tsan/annotations.h"
 #include "coordinator/service/generate_call.h"
 #include "worker/service/proto_convert.h"
 
@@ -108,6 +109,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
     grpc::CallbackServerContext* context,
     const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto role = RoleFromProto(request->role());
   if (!role.ok()) return Finish(context, role.status());
   auto layout = LayoutFromProto(request->kv_layout());
@@ -145,6 +147,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
 grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const WorkerRef ref{request->worker_id(), request->epoch()};
   std::vector<std::string> leased(request->leased_request_ids().begin(),
                                   request->leased_request_ids().end());
@@ -165,6 +168,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
     grpc::CallbackServerContext* context,
     const v1::DeregisterWorkerRequest* request,
     v1::DeregisterWorkerResponse* /*response*/) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const WorkerRef ref{request->worker_id(), request->epoch()};
   absl::Status status = cluster_->registry().Remove(ref, "deregistered");
   if (status.ok()) cluster_->Sweep();  // fail its requests now
@@ -175,6 +179,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto* reactor = new GenerateReactor();
   if (!cluster_->accepting()) {
     reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -199,6 +204,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
 grpc::ServerUnaryReactor* BatonService::Tokenize(
     grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
     v1::TokenizeResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const ServedModel& model = cluster_->model();
   if (!request->model().empty() && request->model() != model.id()) {
     return Finish(context,
@@ -219,6 +225,7 @@ grpc::ServerUnaryReactor* BatonService::ListModels(
     grpc::CallbackServerContext* context,
     const v1::ListModelsRequest* /*request*/,
     v1::ListModelsResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   std::map<std::string, v1::ModelInfo> models;
   for (const WorkerInfo& w : cluster_->registry().List()) {
     if (w.health != WorkerHealth::kHealthy) continue;
@@ -253,6 +260,7 @@ grpc::ServerUnaryReactor* BatonService::GetClusterStatus(
     grpc::CallbackServerContext* context,
     const v1::GetClusterStatusRequest* request,
     v1::GetClusterStatusResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const absl::Time now = cluster_->clock().Now();
   std::map<WorkerId, int32_t> active;
   for (const Lease& lease : cluster_->requests().LiveLeases()) {

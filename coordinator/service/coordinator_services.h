@@ -12,6 +12,7 @@
 
 #include "baton/v1/api.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/tsan/annotations.h"
 #include "coordinator/service/cluster.h"
 
 namespace baton::coordinator {
@@ -19,7 +20,9 @@ namespace baton::coordinator {
 class ControlPlaneService final : public v1::Coordinator::CallbackService {
  public:
   // `cluster` must outlive the service.
-  explicit ControlPlaneService(Cluster* cluster) : cluster_(cluster) {}
+  explicit ControlPlaneService(Cluster* cluster) : cluster_(cluster) {
+    BATON_TSAN_RELEASE(this);  // handed to gRPC's threads
+  }
 
   grpc::ServerUnaryReactor* RegisterWorker(
       grpc::CallbackServerContext* context,
@@ -40,7 +43,9 @@ class ControlPlaneService final : public v1::Coordinator::CallbackService {
 class BatonService final : public v1::Baton::CallbackService {
  public:
   // `cluster` must outlive the service.
-  explicit BatonService(Cluster* cluster) : cluster_(cluster) {}
+  explicit BatonService(Cluster* cluster) : cluster_(cluster) {
+    BATON_TSAN_RELEASE(this);  // handed to gRPC's threads
+  }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,

@@ -200,10 +200,34 @@ void GenerateCall::Run() {
   spec.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   spec.max_tokens = job_.sampling.max_tokens();
   spec.deadline = job_.deadline;
-  absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
-  if (status.ok()) status = Route();
-  if (status.ok()) status = Serve();
-  if (!status.ok()) Fail(std::move(status));
+  for (int attempt = 1;; ++attempt) {
+    absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
+    if (status.ok()) status = Route();
+    if (status.ok()) status = Serve();
+    // A prefill worker that is gone before the first token (it died, and
+    // its lease has not expired yet): nothing reached the client, so the
+    // request starts over on another prefill worker.
+    const bool retry = !status.ok() && !streamed_ && attempt < kMaxAttempts &&
+                       aborted().ok() && prefill_.has_value() &&
+                       status.code() == absl::StatusCode::kUnavailable &&
+                       absl::StartsWith(status.message(), "Prefill on worker");
+    if (retry) {
+      excluded_prefill_.push_back(prefill_->ref.id);
+      AbortInStateMachine(status);
+    } else if (!status.ok()) {
+      Fail(std::move(status));
+    }
+    EndAttempt();
+    if (!retry) break;
+    const std::string previous = job_.internal_id;
+    job_.internal_id = absl::StrCat(previous, "/retry", attempt);
+    cluster_->AddCall(job_.internal_id, shared_from_this());
+    cluster_->RemoveCall(previous);
+  }
+  cluster_->RemoveCall(job_.internal_id);
+}
+
+void GenerateCall::EndAttempt() {
   if (prefill_tokens_added_ != 0) {
     cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
   }
@@ -211,7 +235,12 @@ void GenerateCall::Run() {
     cluster_->AddDecodeBlocks(decode_->ref.id, -decode_blocks_);
   }
   cluster_->requests().Forget(job_.internal_id).IgnoreError();
-  cluster_->RemoveCall(job_.internal_id);
+  cluster_->ClearTransferring(job_.internal_id);
+  prefill_tokens_added_ = 0;
+  decode_blocks_ = 0;
+  prefill_.reset();
+  decode_.reset();
+  reservation_.Clear();
 }
 
 absl::Status GenerateCall::Route() {
@@ -326,7 +355,9 @@ absl::Status GenerateCall::Route() {
 }
 
 absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
-                                        const RequestInfo& info) {
+                                        const RequestInfo& request) {
+  RequestInfo info = request;
+  info.excluded = excluded_prefill_;
   absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
   if (!prefill.ok()) return prefill.status();
   prefill_ = *prefill;
@@ -530,16 +561,9 @@ void GenerateCall::SendResult(const v1::DecodeResult& decoded) {
   reactor_ = nullptr;
 }
 
-void GenerateCall::Fail(absl::Status why) {
+void GenerateCall::AbortInStateMachine(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
-    // The first abort's reason is the real one; RPC errors after it are
-    // only its echo (CANCELLED).
-    if (!abort_.ok()) {
-      why = abort_;
-    } else {
-      abort_ = why;
-    }
     for (grpc::ClientContext* context : contexts_) context->TryCancel();
   }
   RequestStateMachine& requests = cluster_->requests();
@@ -552,6 +576,20 @@ void GenerateCall::Fail(absl::Status why) {
             : requests.OnPhaseFailed(job_.internal_id, why);
     if (t.ok()) cluster_->PerformCleanup(*t);
   }
+}
+
+void GenerateCall::Fail(absl::Status why) {
+  {
+    absl::MutexLock lock(&mu_);
+    // The first abort's reason is the real one; RPC errors after it are
+    // only its echo (CANCELLED).
+    if (!abort_.ok()) {
+      why = abort_;
+    } else {
+      abort_ = why;
+    }
+  }
+  AbortInStateMachine(why);
   if (reactor_ == nullptr) return;
   if (!streamed_) {
     reactor_->Close(ToGrpcStatus(why));

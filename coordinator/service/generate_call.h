@@ -10,9 +10,11 @@
 // every lease it reports. Errors before the first token are the RPC's
 // status; after it, an in-band FINISH_REASON_ERROR result.
 //
-// A request whose worker dies fails with UNAVAILABLE (retriable): tokens
-// already streamed cannot be taken back, and replaying a sampled request
-// elsewhere would duplicate them, so the client decides whether to retry.
+// A worker that dies: before the first token reached the client (the
+// prefill worker was gone or died mid-prompt), the request starts over on
+// another prefill worker, up to kMaxAttempts in all; after it, the request
+// fails with UNAVAILABLE (retriable), because streamed tokens cannot be
+// taken back, so the client decides whether to retry.
 #ifndef BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 #define BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 
@@ -78,15 +80,26 @@ class GenerateCall final : public CallHandle,
   // if the call is already aborted.
   class ScopedContext;
 
+  // Attempts before a request whose prefill worker vanished (before any
+  // token) is reported failed.
+  static constexpr int kMaxAttempts = 3;
+
   void Run();
+  // Returns the attempt's bookkeeping (load, state-machine record) and
+  // clears the routing outcome.
+  void EndAttempt();
+  // Takes the state machine's abort edge (unless the request is already
+  // terminal) and performs its cleanup; tells the client nothing.
+  void AbortInStateMachine(const absl::Status& why);
   // Picks the workers and, for a split request, reserves the decode blocks.
   absl::Status Route();
-  // Picks the prefill worker among those of `role` (prefill_).
-  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& info);
+  // Picks the prefill worker among those of `role` (prefill_), avoiding
+  // excluded_prefill_.
+  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& request);
   // Prefill, first token, Decode and the stream to the client.
   absl::Status Serve();
-  // Takes the state machine's abort edge (unless the request is already
-  // terminal), performs its cleanup and reports `why` to the client.
+  // AbortInStateMachine, then reports `why` (or the abort that caused it)
+  // to the client.
   void Fail(absl::Status why);
   void SendFirstToken(const v1::PrefillFirstToken& first);
   void SendResult(const v1::DecodeResult& result);
@@ -97,8 +110,9 @@ class GenerateCall final : public CallHandle,
   void SetDeadline(grpc::ClientContext* context) const;
 
   Cluster* const cluster_;
-  const GenerateJob job_;
-  GenerateReactor* reactor_;  // null once closed
+  GenerateJob job_;  // internal_id changes when a request starts over
+  std::vector<WorkerId> excluded_prefill_;  // workers that failed it
+  GenerateReactor* reactor_;                // null once closed
   const SteadyClock::time_point arrival_;
 
   // Routing outcome.

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,56 +21,76 @@ namespace baton::testing {
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(
     const std::vector<std::string>& argv, absl::Duration ready_timeout) {
+  auto child = Start(argv);
+  if (!child.ok()) return child.status();
+  if (absl::Status s = (*child)->WaitForFirstLine(ready_timeout); !s.ok()) {
+    return s;
+  }
+  return child;
+}
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
+    const std::vector<std::string>& argv) {
   if (argv.empty()) return absl::InvalidArgumentError("argv is empty");
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::unique_ptr<ChildProcess> child(new ChildProcess());
-  const int error = posix_spawn(&child->pid_, argv[0].c_str(), &actions,
-                                nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t parent = getpid();
+  child->pid_ = fork();
+  if (child->pid_ == 0) {
+    // Only async-signal-safe calls until exec. The child dies with the
+    // test, so a crashed or killed test leaves no process behind.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    execve(args[0], args.data(), environ);
+    _exit(127);
+  }
   close(pipe_fds[1]);
-  if (error != 0) {
+  if (child->pid_ < 0) {
     close(pipe_fds[0]);
     child->exit_status_ = 0;
     return absl::InternalError(
-        absl::StrCat("spawn ", argv[0], ": ", std::strerror(error)));
+        absl::StrCat("fork for ", argv[0], ": ", std::strerror(errno)));
   }
   child->stdout_fd_ = pipe_fds[0];
-  const absl::Time deadline = absl::Now() + ready_timeout;
-  while (child->first_line_.find('\n') == std::string::npos) {
+  child->command_ = absl::StrJoin(argv, " ");
+  return child;
+}
+
+absl::Status ChildProcess::WaitForFirstLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (first_line_.find('\n') == std::string::npos) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(
-          absl::StrCat("'", absl::StrJoin(argv, " "), "' printed no line in ",
-                       absl::FormatDuration(ready_timeout)));
+          absl::StrCat("'", command_, "' printed no line in ",
+                       absl::FormatDuration(timeout)));
     }
-    pollfd pfd{child->stdout_fd_, POLLIN, 0};
+    pollfd pfd{stdout_fd_, POLLIN, 0};
     const int ready =
         poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (ready <= 0) continue;
     char buffer[512];
-    const ssize_t n = read(child->stdout_fd_, buffer, sizeof(buffer));
+    const ssize_t n = read(stdout_fd_, buffer, sizeof(buffer));
     if (n <= 0) {
-      auto status = child->Wait(absl::Seconds(5));
-      return absl::InternalError(absl::StrCat(
-          "'", absl::StrJoin(argv, " "), "' exited before it was ready (",
-          status.ok() ? absl::StrCat("wait status ", *status)
-                      : std::string(status.status().message()),
-          ")"));
+      auto status = Wait(absl::Seconds(5));
+      return absl::InternalError(
+          absl::StrCat("'", command_, "' exited before it was ready (",
+                       status.ok() ? absl::StrCat("wait status ", *status)
+                                   : std::string(status.status().message()),
+                       ")"));
     }
-    child->first_line_.append(buffer, static_cast<size_t>(n));
+    first_line_.append(buffer, static_cast<size_t>(n));
   }
-  child->first_line_.resize(child->first_line_.find('\n'));
-  return child;
+  first_line_.resize(first_line_.find('\n'));
+  return absl::OkStatus();
 }
 
 ChildProcess::~ChildProcess() {

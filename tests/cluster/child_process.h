@@ -20,9 +20,15 @@ class ChildProcess {
  public:
   // Starts argv[0] (a path) with argv and waits up to `ready_timeout` for
   // the first line of its stdout, returned by first_line(). DeadlineExceeded
-  // or Internal (with the exit status) if it does not come.
+  // or Internal (with the exit status) if it does not come. The child is
+  // killed when the calling THREAD exits (PR_SET_PDEATHSIG), so spawn from
+  // a thread that outlives it.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(
       const std::vector<std::string>& argv, absl::Duration ready_timeout);
+  // Spawn without waiting; then WaitForFirstLine.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
+      const std::vector<std::string>& argv);
+  absl::Status WaitForFirstLine(absl::Duration timeout);
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -41,6 +47,7 @@ class ChildProcess {
   ChildProcess() = default;
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
+  std::string command_;  // for messages
   std::string first_line_;
   std::optional<int> exit_status_;
 };

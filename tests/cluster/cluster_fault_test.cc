@@ -230,6 +230,58 @@ TEST(ClusterFaultTest, DecodeWorkerKilledMidRequest) {
   ExpectCleanStop(*cluster);
 }
 
+// A prefill worker SIGKILLed while it runs a long prompt: no token has
+// reached the client, so the coordinator starts the request over on the
+// other prefill worker and it completes; the decode worker's first
+// reservation for it is freed; the next request (sent before the dead
+// worker's lease expires) is served too.
+TEST(ClusterFaultTest, PrefillWorkerKilledMidPrefill) {
+  LocalClusterOptions options;
+  options.prefill = 2;
+  auto cluster = StartOrDie(options);
+  ASSERT_NE(cluster, nullptr);
+  v1::GenerateRequest request;
+  // 2000 prompt tokens: about a second of prefill, 126 of the decode
+  // worker's 182 blocks.
+  for (int i = 0; i < 2000; ++i) {
+    request.mutable_token_ids()->add_token_ids(100 + (i * 7919) % 40000);
+  }
+  request.mutable_sampling()->set_max_tokens(4);
+  request.mutable_sampling()->set_temperature(0);
+  StreamResult result;
+  std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
+  // The prefill worker that took the prompt.
+  int victim = -1;
+  for (int i = 0; i < 1000 && victim < 0; ++i) {
+    for (int w = 0; w < 2; ++w) {
+      v1::GetWorkerStatusResponse status;
+      grpc::ClientContext context;
+      if (cluster->workers()[w]
+              .stub->GetWorkerStatus(&context, {}, &status)
+              .ok() &&
+          status.leased_request_ids_size() > 0) {
+        victim = w;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (victim >= 0) cluster->Kill(victim);
+  client.join();
+  ASSERT_GE(victim, 0) << "no prefill worker took the request: "
+                       << result.status.error_message();
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens.size(), 4u);
+  EXPECT_EQ(result.result.prefill_worker().address(),
+            cluster->workers()[1 - victim].address);
+  ExpectAllFree(*cluster);
+  const StreamResult after = RunGenerate(cluster->baton(), LongRequest(1, 4));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.result.prefill_worker().address(),
+            cluster->workers()[1 - victim].address);
+  ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
+}
+
 TEST(ClusterFaultTest, EmptyPoolsAreUnavailableAtOnce) {
   for (const bool prefill_missing : {true, false}) {
     LocalClusterOptions options;

@@ -60,35 +60,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   for (int i = 0; i < options.prefill; ++i) roles.push_back("prefill");
   for (int i = 0; i < options.decode; ++i) roles.push_back("decode");
   for (int i = 0; i < options.both; ++i) roles.push_back("both");
-  // Spawn all, then wait for each: the workers load the model in parallel.
-  std::vector<absl::StatusOr<std::unique_ptr<ChildProcess>>> spawned;
-  for (size_t i = 0; i < roles.size(); ++i) {
-    spawned.emplace_back(absl::UnknownError("not started"));
-  }
-  std::vector<std::thread> threads;
+  // Start all, then wait for each: the workers load the model in parallel.
+  // (From this thread: a child dies with the thread that started it.)
+  std::vector<std::unique_ptr<ChildProcess>> spawned;
   for (size_t i = 0; i < roles.size(); ++i) {
     const int64_t mib = roles[i] != "prefill" && options.decode_kv_cache_mib > 0
                             ? options.decode_kv_cache_mib
                             : options.kv_cache_mib;
-    std::vector<std::string> worker_argv = {
-        BinaryDir() + "/baton-worker",
-        "--role=" + roles[i],
-        "--listen=127.0.0.1:0",
-        "--kv_listen=127.0.0.1:0",
-        "--model=" + model,
-        absl::StrCat("--threads=", options.threads),
-        absl::StrCat("--kv_cache_mib=", mib),
-        "--coordinator=" + cluster->address_};
-    threads.emplace_back([&spawned, i, worker_argv] {
-      spawned[i] = ChildProcess::Spawn(worker_argv, absl::Seconds(60));
-    });
+    auto child = ChildProcess::Start(
+        {BinaryDir() + "/baton-worker", "--role=" + roles[i],
+         "--listen=127.0.0.1:0", "--kv_listen=127.0.0.1:0", "--model=" + model,
+         absl::StrCat("--threads=", options.threads),
+         absl::StrCat("--kv_cache_mib=", mib),
+         "--coordinator=" + cluster->address_});
+    if (!child.ok()) return child.status();
+    spawned.push_back(std::move(*child));
   }
-  for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < roles.size(); ++i) {
-    if (!spawned[i].ok()) return spawned[i].status();
+    if (absl::Status s = spawned[i]->WaitForFirstLine(absl::Seconds(60));
+        !s.ok()) {
+      return s;
+    }
     Worker worker;
     worker.role = roles[i];
-    worker.process = std::move(*spawned[i]);
+    worker.process = std::move(spawned[i]);
     auto worker_address = ListeningAddress(worker.process->first_line());
     if (!worker_address.ok()) return worker_address.status();
     worker.address = *worker_address;

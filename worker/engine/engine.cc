@@ -129,9 +129,9 @@ bool Engine::HasWork() {
 
 EngineStats Engine::stats() {
   EngineStats s;
-  s.num_waiting = scheduler_->num_waiting();
-  s.num_running = scheduler_->num_running();
-  s.num_handoffs = static_cast<int64_t>(handing_off_.size());
+  s.num_waiting = published_waiting_.load(std::memory_order_relaxed);
+  s.num_running = published_running_.load(std::memory_order_relaxed);
+  s.num_handoffs = published_handoffs_.load(std::memory_order_relaxed);
   absl::MutexLock lock(&cache_mu_);
   s.num_imports = static_cast<int64_t>(imports_.size());
   s.kv_blocks_total = cache_->num_blocks_total();
@@ -305,6 +305,18 @@ void Engine::FlushText(Sequence* seq, FinishReason* reason,
 }
 
 bool Engine::Step() {
+  const bool worked = StepOnce();
+  // Scheduler state belongs to this thread; other threads read the copy.
+  published_waiting_.store(scheduler_->num_waiting(),
+                           std::memory_order_relaxed);
+  published_running_.store(scheduler_->num_running(),
+                           std::memory_order_relaxed);
+  published_handoffs_.store(static_cast<int64_t>(handing_off_.size()),
+                            std::memory_order_relaxed);
+  return worked;
+}
+
+bool Engine::StepOnce() {
   DrainInbox();
   std::vector<Sequence*> preempted;
   std::vector<ScheduledItem> scheduled;

@@ -15,6 +15,7 @@
 #ifndef BATON_WORKER_ENGINE_ENGINE_H_
 #define BATON_WORKER_ENGINE_ENGINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -166,11 +167,15 @@ class Engine {
   void RunUntilIdle();
   bool HasWork();
 
+  // Thread-safe. Queue and batch counts are as of the end of the last Step;
+  // block counts are current.
   EngineStats stats();
   const ModelConfig& config() const { return weights_->config(); }
   KvCache& kv_cache() { return *cache_; }
 
  private:
+  // Step's work, without publishing the counts for stats().
+  bool StepOnce();
   Engine(const EngineOptions& options, const ModelWeights* weights,
          const Tokenizer* tokenizer)
       : options_(options), weights_(weights), tokenizer_(tokenizer) {}
@@ -247,7 +252,11 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> live_;
   std::vector<float> logits_;
   absl::flat_hash_map<uint64_t, Sequence*> handing_off_;  // by serial
-  std::vector<std::unique_ptr<KvHandoff>> detached_;      // timed out, joining
+  // Copies of the engine thread's counts for stats() on other threads.
+  std::atomic<int64_t> published_waiting_{0};
+  std::atomic<int64_t> published_running_{0};
+  std::atomic<int64_t> published_handoffs_{0};
+  std::vector<std::unique_ptr<KvHandoff>> detached_;  // timed out, joining
   uint64_t next_handoff_serial_ = 1;
 
   absl::Mutex inbox_mu_;

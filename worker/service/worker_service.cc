@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tsan/annotations.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service_internal.h"
@@ -32,6 +33,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
     service->receiver_ = std::move(*receiver);
   }
   service->loop_ = std::make_unique<EngineLoop>(engine);
+  BATON_TSAN_RELEASE(service.get());  // handed to gRPC's threads
   return service;
 }
 
@@ -95,6 +97,7 @@ std::vector<std::string> WorkerService::LeasedRequestIds() {
 grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
     grpc::CallbackServerContext* /*context*/,
     const v1::PrefillRequest* request) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto* reactor = new PrefillReactor();
   absl::Status status = [&]() -> absl::Status {
     if (request->request_id().empty()) {
@@ -277,6 +280,7 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
 grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
     v1::ReserveKvResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   if (options_.role == v1::WORKER_ROLE_PREFILL) {
     return FinishUnary(context, absl::FailedPreconditionError(
                                     "ReserveKv: this worker has the prefill "
@@ -370,6 +374,7 @@ bool WorkerService::CancelRequest(const std::string& request_id,
 grpc::ServerUnaryReactor* WorkerService::Cancel(
     grpc::CallbackServerContext* context, const v1::CancelRequest* request,
     v1::CancelResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const int64_t free_before = engine_->stats().kv_blocks_free;
   response->set_found(CancelRequest(request->request_id(), request->reason()));
   response->set_blocks_freed(
@@ -381,6 +386,7 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerStatus(
     grpc::CallbackServerContext* context,
     const v1::GetWorkerStatusRequest* /*request*/,
     v1::GetWorkerStatusResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   *response->mutable_load() = Load();
   for (std::string& id : LeasedRequestIds()) {
     response->add_leased_request_ids(std::move(id));

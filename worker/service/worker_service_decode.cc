@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/tsan/annotations.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
 #include "worker/service/worker_service_internal.h"
@@ -39,6 +40,7 @@ void WorkerService::OnLanded(const std::string& request_id,
 grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     grpc::CallbackServerContext* /*context*/,
     const v1::DecodeRequest* request) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto* reactor = new DecodeReactor();
   const std::string id = request->request_id();
   const SteadyClock::time_point arrival = SteadyClock::now();

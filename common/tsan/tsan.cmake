@@ -1,0 +1,21 @@
+# Included by the top-level CMakeLists.txt in a BATON_SANITIZE=thread build:
+# every program links baton_tsan_absl, and the linker routes our calls to
+# the Abseil synchronization functions below through its wrappers (see
+# absl_sync_annotations.cc for why).
+set(_baton_tsan_wrapped
+  _ZN4absl7debian35Mutex4LockEv
+  _ZN4absl7debian35Mutex6UnlockEv
+  _ZN4absl7debian35Mutex10ReaderLockEv
+  _ZN4absl7debian35Mutex12ReaderUnlockEv
+  _ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE
+  _ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE
+  _ZN4absl7debian312Notification6NotifyEv
+  _ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE
+  _ZNK4absl7debian312Notification19WaitForNotificationEv)
+add_library(baton_tsan_absl STATIC ${CMAKE_CURRENT_LIST_DIR}/absl_sync_annotations.cc)
+target_include_directories(baton_tsan_absl PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(baton_tsan_absl PUBLIC absl::synchronization)
+foreach(_symbol IN LISTS _baton_tsan_wrapped)
+  add_link_options(-Wl,--wrap=${_symbol})
+endforeach()
+link_libraries(baton_tsan_absl)
