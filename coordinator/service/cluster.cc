@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/tsan/annotations.h"
 
 namespace baton::coordinator {
 namespace {
@@ -203,9 +204,11 @@ void Cluster::PerformCleanup(const Transition& transition) {
     pending->context.set_deadline(
         std::chrono::system_clock::now() +
         absl::ToChronoMilliseconds(options_.worker_rpc_timeout));
+    BATON_TSAN_RELEASE(pending);  // the callback runs on a gRPC thread
     pending->stub->async()->Cancel(
         &pending->context, &pending->request, &pending->response,
         [pending](grpc::Status status) {
+          BATON_TSAN_ACQUIRE(pending);
           if (!status.ok()) {
             Log(absl::StrCat("Cancel of ", pending->request.request_id(),
                              " on ", pending->worker,
