@@ -7,10 +7,7 @@
 // port, plus the health service and reflection. --model names the model
 // the workers serve; the coordinator reads only its tokenizer and limits.
 // Stops on SIGINT / SIGTERM.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -21,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc/serving.h"
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
 
@@ -46,11 +44,7 @@ void Log(const std::string& line) {
 }
 
 int Main() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  BlockTerminationSignals();
 
   const std::string model_path = absl::GetFlag(FLAGS_model);
   if (model_path.empty()) {
@@ -90,27 +84,18 @@ int Main() {
   ControlPlaneService control_plane(cluster->get());
   BatonService api(cluster->get());
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&control_plane);
-  builder.RegisterService(&api);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    Log(absl::StrCat("cannot listen on ", listen));
+  auto running =
+      StartServer(absl::GetFlag(FLAGS_listen), {&control_plane, &api});
+  if (!running.ok()) {
+    Log(running.status().ToString());
     return 1;
   }
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  std::printf("baton-coordinator listening on %s:%d, model %s\n", host.c_str(),
-              port, model_id.c_str());
+  std::unique_ptr<grpc::Server> server = std::move(running->server);
+  std::printf("baton-coordinator listening on %s, model %s\n",
+              running->address.c_str(), model_id.c_str());
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  Log(absl::StrCat("signal ", signal_number, ", stopping"));
+  Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
   // Calls end first (their clients get UNAVAILABLE), then the server (no
   // handler runs after it), then the cluster.
   (*cluster)->Shutdown();

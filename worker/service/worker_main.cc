@@ -5,10 +5,7 @@
 // Serves the health service and reflection as well; with --coordinator it
 // registers and heartbeats, retrying while the coordinator is unreachable.
 // Stops on SIGINT / SIGTERM.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -25,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "cli/model_bundle.h"
+#include "common/grpc/serving.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/service/proto_convert.h"
@@ -194,12 +192,8 @@ absl::Status WarmUp(Engine& engine) {
 }
 
 int Main() {
-  // Signals are taken by sigwait below, so every thread must block them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Signals are taken by WaitForTerminationSignal below.
+  BlockTerminationSignals();
 
   auto role = ParseRole(absl::GetFlag(FLAGS_role));
   if (!role.ok()) {
@@ -266,19 +260,13 @@ int Main() {
     return 1;
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
-                           grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(service->get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    Log(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  auto running = StartServer(absl::GetFlag(FLAGS_listen), {service->get()});
+  if (!running.ok()) {
+    Log(running.status().ToString());
     return 1;
   }
-  const std::string address = absl::StrCat(listen_host, ":", port);
+  std::unique_ptr<grpc::Server> server = std::move(running->server);
+  const std::string address = running->address;
   (*service)->SetWorkerRef("", address);
   std::printf("baton-worker %s listening on %s, kv %s, model %s\n",
               absl::GetFlag(FLAGS_role).c_str(), address.c_str(),
@@ -301,9 +289,7 @@ int Main() {
                                             std::move(request), service->get());
   }
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  Log(absl::StrCat("signal ", signal_number, ", stopping"));
+  Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
   registrar.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service->reset();

@@ -1,0 +1,60 @@
+#include "common/grpc/serving.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+sigset_t TerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  const sigset_t signals = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  const sigset_t signals = TerminationSignals();
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  return signal_number;
+}
+
+absl::StatusOr<RunningServer> StartServer(
+    const std::string& listen, const std::vector<grpc::Service*>& services) {
+  const size_t colon = listen.rfind(':');
+  int requested = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &requested) ||
+      requested < 0 || requested > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", listen, "' is not HOST:PORT"));
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  RunningServer running;
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  running.address = absl::StrCat(listen.substr(0, colon), ":", port);
+  return running;
+}
+
+}  // namespace baton

@@ -1,0 +1,38 @@
+// What every Baton server process does around its services: block the
+// termination signals (so a dedicated wait takes them), listen on HOST:PORT
+// with the standard health service and server reflection, and report the
+// address actually bound (port 0 picks a free one).
+#ifndef BATON_COMMON_GRPC_SERVING_H_
+#define BATON_COMMON_GRPC_SERVING_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+// Blocks SIGINT and SIGTERM in this thread and every thread it starts
+// afterwards; call first in main().
+void BlockTerminationSignals();
+// Waits for SIGINT or SIGTERM (after BlockTerminationSignals); returns it.
+int WaitForTerminationSignal();
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  // "HOST:PORT" with the bound port.
+  std::string address;
+};
+
+// Starts a server on `listen` ("HOST:PORT") with `services`, the health
+// service and reflection. InvalidArgument for a malformed address,
+// Unavailable if it cannot listen. The services must outlive the server.
+absl::StatusOr<RunningServer> StartServer(
+    const std::string& listen, const std::vector<grpc::Service*>& services);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_GRPC_SERVING_H_
