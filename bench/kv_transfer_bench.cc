@@ -3,11 +3,13 @@
 //   - loopback ceiling: one socket pair on 127.0.0.1, messages of each
 //     case's per-layer payload size (and one large size), with the kernel's
 //     autotuned buffers (as the transport uses) and with large fixed ones;
-//   - raw transfer: a KvCache holding N tokens at a model's layout, exported
-//     layer by layer, checksummed, sent with TcpKvSender to a TcpKvReceiver
-//     that checksums and imports into reserved blocks of a second KvCache;
-//     also "send only" (payloads exported and checksummed beforehand) and
-//     the cost of each copy on its own;
+//   - raw transfer: a KvCache holding N tokens at a model's layout, sent
+//     layer by layer from the pool as the engine's handoff does (chunk list,
+//     streaming checksum over the chunks, TcpKvSender::SendLayerChunks) to a
+//     TcpKvReceiver that receives straight into reserved blocks of a second
+//     KvCache and checksums them in place; also "send only" (contiguous
+//     payloads exported and checksummed beforehand) and the cost of each
+//     copy on its own;
 //   - overlap: a split prefill between two engines in this process over
 //     loopback TCP: the sender's transfer time, the part of it left after
 //     the last layer's compute (exposed), and the prefill compute time.
@@ -206,17 +208,18 @@ class Destination {
   std::map<uint64_t, absl::Status> done_ ABSL_GUARDED_BY(mu_);
 };
 
-// Seconds of one transfer and of the sender's stages inside it.
+// Seconds of one transfer and of the sender's stages inside it (chunks:
+// listing the layer's chunks in the pool).
 struct TransferTiming {
-  double total = 0, export_s = 0, checksum_s = 0, send_s = 0, finish_s = 0;
+  double total = 0, chunks_s = 0, checksum_s = 0, send_s = 0, finish_s = 0;
 };
 
 // One transfer of every layer of src/table to `endpoint`. With `pre` the
 // payloads and checksums are taken from there (send only); otherwise each
-// layer is exported into `staging` and checksummed inside the timing.
+// layer is sent from the pool: its chunks listed, checksummed in place and
+// passed to SendLayerChunks, inside the timing.
 TransferTiming TransferOnce(const KvCache& src, const BlockTable& table,
                             const std::string& endpoint, uint64_t id,
-                            std::vector<uint8_t>& staging,
                             const std::vector<std::vector<uint8_t>>* pre,
                             const std::vector<uint64_t>* sums) {
   TransferTiming t;
@@ -230,21 +233,22 @@ TransferTiming TransferOnce(const KvCache& src, const BlockTable& table,
   h.payload_bytes = src.LayerBytes(table);
   for (int64_t l = 0; l < src.layout().num_layers; ++l) {
     h.layer = l;
-    std::span<const uint8_t> payload;
     if (pre != nullptr) {
-      payload = (*pre)[l];
       h.checksum = (*sums)[l];
-    } else {
-      const double a = Now();
-      Must(src.ExportLayer(table, l, staging), "ExportLayer");
-      const double b = Now();
-      h.checksum = KvChecksum(staging);
-      t.export_s += b - a;
-      t.checksum_s += Now() - b;
-      payload = staging;
+      const double c = Now();
+      Must(sender->SendLayer(h, (*pre)[l]), "SendLayer");
+      t.send_s += Now() - c;
+      continue;
     }
+    const double a = Now();
+    const std::vector<std::span<const uint8_t>> chunks =
+        Must(src.LayerChunks(table, l, table.num_tokens()), "LayerChunks");
+    const double b = Now();
+    h.checksum = KvChecksumChunks(chunks);
     const double c = Now();
-    Must(sender->SendLayer(h, payload), "SendLayer");
+    Must(sender->SendLayerChunks(h, chunks, nullptr), "SendLayerChunks");
+    t.chunks_s += b - a;
+    t.checksum_s += c - b;
     t.send_s += Now() - c;
   }
   const double f = Now();
@@ -281,13 +285,12 @@ Json RawCase(const Shape& shape, int64_t num_tokens, int repeats,
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     pre[l].resize(layer_bytes);
     Must(src->ExportLayer(table, l, pre[l]), "ExportLayer");
-    sums[l] = KvChecksum(pre[l]);
+    sums[l] = KvChecksum(pre[l], src->chunk_bytes());
   }
 
   // Warm-up transfer, then check the destination holds the same bytes.
   uint64_t id = 1;
-  TransferOnce(*src, table, receiver->endpoint(), id, staging, nullptr,
-               nullptr);
+  TransferOnce(*src, table, receiver->endpoint(), id, nullptr, nullptr);
   Must(dst.Verdict(id++), "warm-up transfer");
   Must(dst.cache().SetNumTokens(dst.table(), num_tokens), "SetNumTokens");
   for (int64_t l = 0; l < shape.num_layers; ++l) {
@@ -298,20 +301,19 @@ Json RawCase(const Shape& shape, int64_t num_tokens, int repeats,
     }
   }
 
-  std::vector<double> full_s, send_only_s, export_s, checksum_s, send_s,
+  std::vector<double> full_s, send_only_s, chunks_s, checksum_s, send_s,
       finish_s, iso_export, iso_checksum, iso_import, iso_memcpy;
   for (int r = 0; r < repeats; ++r) {
     MeasureLoopback(layer_bytes, loopback);
-    TransferTiming t = TransferOnce(*src, table, receiver->endpoint(), id,
-                                    staging, nullptr, nullptr);
+    TransferTiming t =
+        TransferOnce(*src, table, receiver->endpoint(), id, nullptr, nullptr);
     Must(dst.Verdict(id++), "transfer");
     full_s.push_back(t.total);
-    export_s.push_back(t.export_s);
+    chunks_s.push_back(t.chunks_s);
     checksum_s.push_back(t.checksum_s);
     send_s.push_back(t.send_s);
     finish_s.push_back(t.finish_s);
-    t = TransferOnce(*src, table, receiver->endpoint(), id, staging, &pre,
-                     &sums);
+    t = TransferOnce(*src, table, receiver->endpoint(), id, &pre, &sums);
     Must(dst.Verdict(id++), "send-only transfer");
     send_only_s.push_back(t.total);
     // Each copy on its own, one thread, whole cache.
@@ -322,7 +324,8 @@ Json RawCase(const Shape& shape, int64_t num_tokens, int repeats,
     iso_export.push_back(Now() - a);
     a = Now();
     uint64_t sink = 0;
-    for (int64_t l = 0; l < shape.num_layers; ++l) sink ^= KvChecksum(pre[l]);
+    for (int64_t l = 0; l < shape.num_layers; ++l)
+      sink ^= KvChecksum(pre[l], src->chunk_bytes());
     iso_checksum.push_back(Now() - a);
     if (sink == 42) std::printf(" ");
     a = Now();
@@ -369,7 +372,7 @@ Json RawCase(const Shape& shape, int64_t num_tokens, int repeats,
   j["send_only_gbps_median"] = gb / Median(send_only_s);
   j["send_only_pct_of_loopback"] =
       100 * gb / Median(send_only_s) / loopback->ceiling();
-  j["sender_stages_ms"] = {{"export", Median(export_s) * 1e3},
+  j["sender_stages_ms"] = {{"chunks", Median(chunks_s) * 1e3},
                            {"checksum", Median(checksum_s) * 1e3},
                            {"send_layer", Median(send_s) * 1e3},
                            {"finish", Median(finish_s) * 1e3}};
@@ -397,6 +400,15 @@ class TimedSink : public KvSink {
     const double a = Now();
     absl::Status s =
         inner_ ? inner_->SendLayer(layer, bytes) : absl::OkStatus();
+    times_->send_s += Now() - a;
+    return s;
+  }
+  absl::Status SendLayerChunks(int64_t layer,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate& gate) override {
+    const double a = Now();
+    absl::Status s = inner_ ? inner_->SendLayerChunks(layer, chunks, gate)
+                            : absl::OkStatus();
     times_->send_s += Now() - a;
     return s;
   }
@@ -567,7 +579,7 @@ void PrintRaw(const Json& j) {
       j["loopback_ceiling_gbps"].get<double>(),
       j["transfer_pct_of_loopback"].get<double>(),
       j["send_only_gbps_median"].get<double>(),
-      j["send_only_pct_of_loopback"].get<double>(), st["export"].get<double>(),
+      j["send_only_pct_of_loopback"].get<double>(), st["chunks"].get<double>(),
       st["checksum"].get<double>(), st["send_layer"].get<double>(),
       st["finish"].get<double>(), iso["export"].get<double>(),
       iso["checksum"].get<double>(), iso["import"].get<double>(),
@@ -593,7 +605,7 @@ void RunRaw(const std::vector<Shape>& shapes,
       repeats);
   std::printf("%-13s %6s %8s %7s %8s %6s %8s %7s | %-13s | %-23s | %-23s\n",
               "shape", "tokens", "MiB", "KiB/lyr", "ms", "GB/s", "ceiling",
-              "% ceil", "send-only", "sender ms: exp sum snd fin",
+              "% ceil", "send-only", "sender ms: lst sum snd fin",
               "alone ms: exp sum imp cpy");
   for (const Shape& shape : shapes) {
     for (int64_t n : token_counts) {

@@ -1,7 +1,9 @@
-// Prefill/decode disaggregation under faults: a rejected layout, a sink that
-// fails mid-transfer, a handoff that never completes, and cancels; every
-// block must be free on both engines afterwards.
+// Prefill/decode disaggregation under faults: a rejected layout, a corrupted
+// layer, a sink that fails mid-transfer, a handoff that never completes (also
+// with a TCP send stuck in the kernel), and cancels; every block must be free
+// on both engines afterwards.
 #include "worker/engine/disaggregation_test_util.h"
+#include "worker/transport/socket_io.h"
 
 namespace baton {
 namespace {
@@ -16,37 +18,38 @@ TEST_F(DisaggregationTest, ReceiverRejectsWrongLayoutFreesBothSides) {
   const std::vector<int32_t> prompt = Chat("Hello there");
   absl::Notification landed;
   absl::Status landed_status;
-  ImportOptions import;
-  import.transfer_id = 7;
-  import.num_prompt_tokens = static_cast<int64_t>(prompt.size());
-  import.max_tokens = 8;
-  import.on_landed = [&](absl::Status s) { landed_status = s;
-  landed.Notify();
-};
-ASSERT_TRUE(decode->ReserveImport("w", import).ok());
-EXPECT_LT(decode->stats().kv_blocks_free, decode->stats().kv_blocks_total);
-PrefillResult result;
-PrefillOptions options;
-options.make_sink = TcpKvSinkFactory(receiver->endpoint(), 7);
-SamplingParams params;
-params.temperature = 0.0;
-params.max_tokens = 8;
-ASSERT_TRUE(prefill
-                ->SubmitPrefill({"w", prompt, params}, options,
-                                CollectPrefill(&result))
-                .ok());
-prefill->RunUntilIdle();
-ASSERT_TRUE(result.done);
-EXPECT_EQ(result.last.finish_reason, FinishReason::kError);
-EXPECT_THAT(result.last.error.message(), HasSubstr("block_size"));
-ASSERT_TRUE(landed.WaitForNotificationWithTimeout(absl::Seconds(20)));
-EXPECT_THAT(landed_status.message(), HasSubstr("block_size"));
-const absl::Status start =
-    decode->StartImportedDecode({"w", prompt, params}, {1}, nullptr);
-EXPECT_THAT(start.message(), HasSubstr("block_size"));
-ExpectAllFree(*prefill);
-ExpectAllFree(*decode);
-}  // namespace
+  ImportOptions import_options;
+  import_options.transfer_id = 7;
+  import_options.num_prompt_tokens = static_cast<int64_t>(prompt.size());
+  import_options.max_tokens = 8;
+  import_options.on_landed = [&](absl::Status s) {
+    landed_status = s;
+    landed.Notify();
+  };
+  ASSERT_TRUE(decode->ReserveImport("w", import_options).ok());
+  EXPECT_LT(decode->stats().kv_blocks_free, decode->stats().kv_blocks_total);
+  PrefillResult result;
+  PrefillOptions options;
+  options.make_sink = TcpKvSinkFactory(receiver->endpoint(), 7);
+  SamplingParams params;
+  params.temperature = 0.0;
+  params.max_tokens = 8;
+  ASSERT_TRUE(prefill
+                  ->SubmitPrefill({"w", prompt, params}, options,
+                                  CollectPrefill(&result))
+                  .ok());
+  prefill->RunUntilIdle();
+  ASSERT_TRUE(result.done);
+  EXPECT_EQ(result.last.finish_reason, FinishReason::kError);
+  EXPECT_THAT(result.last.error.message(), HasSubstr("block_size"));
+  ASSERT_TRUE(landed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_THAT(landed_status.message(), HasSubstr("block_size"));
+  const absl::Status start =
+      decode->StartImportedDecode({"w", prompt, params}, {1}, nullptr);
+  EXPECT_THAT(start.message(), HasSubstr("block_size"));
+  ExpectAllFree(*prefill);
+  ExpectAllFree(*decode);
+}
 
 TEST_F(DisaggregationTest, SinkFailureMidTransferFreesBothSides) {
   auto prefill = MakeEngine();
@@ -55,45 +58,166 @@ TEST_F(DisaggregationTest, SinkFailureMidTransferFreesBothSides) {
   const std::vector<int32_t> prompt = Chat("Tell me about owls.");
   absl::Notification landed;
   absl::Status landed_status;
-  ImportOptions import;
-  import.transfer_id = 9;
-  import.num_prompt_tokens = static_cast<int64_t>(prompt.size());
-  import.max_tokens = 8;
-  import.on_landed = [&](absl::Status s) { landed_status = s;
-  landed.Notify();
+  ImportOptions import_options;
+  import_options.transfer_id = 9;
+  import_options.num_prompt_tokens = static_cast<int64_t>(prompt.size());
+  import_options.max_tokens = 8;
+  import_options.on_landed = [&](absl::Status s) {
+    landed_status = s;
+    landed.Notify();
+  };
+  ASSERT_TRUE(decode->ReserveImport("f", import_options).ok());
+  KvSinkFactory tcp = TcpKvSinkFactory(receiver->endpoint(), 9);
+  PrefillOptions options;
+  options.make_sink =
+      [tcp](const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
+    auto inner = tcp(info);
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<KvSink>(
+        std::make_unique<FailingSink>(std::move(*inner), 7));
+  };
+  PrefillResult result;
+  SamplingParams params;
+  params.temperature = 0.0;
+  params.max_tokens = 8;
+  ASSERT_TRUE(prefill
+                  ->SubmitPrefill({"f", prompt, params}, options,
+                                  CollectPrefill(&result))
+                  .ok());
+  prefill->RunUntilIdle();
+  ASSERT_TRUE(result.done);
+  EXPECT_TRUE(result.first.has_value());
+  EXPECT_EQ(result.last.finish_reason, FinishReason::kError);
+  EXPECT_THAT(result.last.error.message(),
+              HasSubstr("injected sink failure at layer 7"));
+  ASSERT_TRUE(landed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_THAT(landed_status.message(), HasSubstr("injected sink failure"));
+  const absl::Status start =
+      decode->StartImportedDecode({"f", prompt, params}, {1}, nullptr);
+  EXPECT_THAT(start.message(), HasSubstr("injected sink failure"));
+  ExpectAllFree(*prefill);
+  ExpectAllFree(*decode);
+}
+
+// Flips the checksum of layer `bad` (the payload itself is intact).
+class CorruptingSender : public KvSender {
+ public:
+  CorruptingSender(std::unique_ptr<KvSender> inner, int64_t bad)
+      : inner_(std::move(inner)), bad_(bad) {}
+  absl::Status SendLayer(const KvTransferHeader& header,
+                         std::span<const uint8_t> payload) override {
+    return inner_->SendLayer(Corrupt(header), payload);
+  }
+  absl::Status SendLayerChunks(const KvTransferHeader& header,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate* gate) override {
+    return inner_->SendLayerChunks(Corrupt(header), chunks, gate);
+  }
+  absl::Status Finish() override { return inner_->Finish(); }
+  void Abort(absl::Status reason) override { inner_->Abort(reason); }
+
+ private:
+  KvTransferHeader Corrupt(KvTransferHeader h) const {
+    if (h.layer == bad_) h.checksum ^= 1;
+    return h;
+  }
+  std::unique_ptr<KvSender> inner_;
+  int64_t bad_;
 };
-ASSERT_TRUE(decode->ReserveImport("f", import).ok());
-KvSinkFactory tcp = TcpKvSinkFactory(receiver->endpoint(), 9);
-PrefillOptions options;
-options.make_sink =
-    [tcp](const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
-  auto inner = tcp(info);
-  if (!inner.ok()) return inner.status();
-  return std::unique_ptr<KvSink>(
-      std::make_unique<FailingSink>(std::move(*inner), 7));
-};
-PrefillResult result;
-SamplingParams params;
-params.temperature = 0.0;
-params.max_tokens = 8;
-ASSERT_TRUE(prefill
-                ->SubmitPrefill({"f", prompt, params}, options,
-                                CollectPrefill(&result))
-                .ok());
-prefill->RunUntilIdle();
-ASSERT_TRUE(result.done);
-EXPECT_TRUE(result.first.has_value());
-EXPECT_EQ(result.last.finish_reason, FinishReason::kError);
-EXPECT_THAT(result.last.error.message(),
-            HasSubstr("injected sink failure at layer 7"));
-ASSERT_TRUE(landed.WaitForNotificationWithTimeout(absl::Seconds(20)));
-EXPECT_THAT(landed_status.message(), HasSubstr("injected sink failure"));
-const absl::Status start =
-    decode->StartImportedDecode({"f", prompt, params}, {1}, nullptr);
-EXPECT_THAT(start.message(), HasSubstr("injected sink failure"));
-ExpectAllFree(*prefill);
-ExpectAllFree(*decode);
-}  // namespace baton
+
+TEST_F(DisaggregationTest, ChecksumMismatchInPlaceCommitsNothing) {
+  auto prefill = MakeEngine();
+  auto decode = MakeEngine();
+  auto receiver = StartReceiver(*decode);
+  const std::vector<int32_t> prompt =
+      Chat("Summarize: " + Repeat("The river runs past the old mill. ", 12));
+  absl::Notification landed;
+  absl::Status landed_status;
+  ImportOptions import_options =
+      Import(5, static_cast<int64_t>(prompt.size()), 8);
+  import_options.on_landed = [&](absl::Status s) {
+    landed_status = s;
+    landed.Notify();
+  };
+  ASSERT_TRUE(decode->ReserveImport("x", import_options).ok());
+  const std::string endpoint = receiver->endpoint();
+  PrefillOptions options;
+  options.make_sink =
+      [endpoint](
+          const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
+    auto sender = TcpKvSender::Connect(endpoint, 5);
+    if (!sender.ok()) return sender.status();
+    return std::unique_ptr<KvSink>(std::make_unique<TransportKvSink>(
+        std::make_unique<CorruptingSender>(std::move(*sender), 11), 5, "",
+        info));
+  };
+  PrefillResult result;
+  SamplingParams params;
+  params.temperature = 0.0;
+  params.max_tokens = 8;
+  ASSERT_TRUE(prefill
+                  ->SubmitPrefill({"x", prompt, params}, options,
+                                  CollectPrefill(&result))
+                  .ok());
+  prefill->RunUntilIdle();
+  ASSERT_TRUE(result.done);
+  EXPECT_EQ(result.last.error.code(), absl::StatusCode::kDataLoss)
+      << result.last.error;
+  EXPECT_THAT(result.last.error.message(),
+              HasSubstr("layer 11: checksum mismatch"));
+  ASSERT_TRUE(landed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(landed_status.code(), absl::StatusCode::kDataLoss);
+  // Layer 11's bytes landed in the reserved blocks, but the reservation was
+  // freed without ever being committed (the failed import waits for the
+  // decode request to collect its error), and cannot be decoded from.
+  EXPECT_EQ(decode->stats().kv_blocks_free, decode->stats().kv_blocks_total);
+  EXPECT_EQ(decode->stats().num_imports, 1);
+  const absl::Status start =
+      decode->StartImportedDecode({"x", prompt, params}, {1}, nullptr);
+  EXPECT_EQ(start.code(), absl::StatusCode::kDataLoss) << start;
+  EXPECT_THAT(start.message(), HasSubstr("checksum mismatch"));
+  ExpectAllFree(*prefill);
+  ExpectAllFree(*decode);
+}
+
+TEST_F(DisaggregationTest, HandoffTimeoutWhileTcpSendIsStuck) {
+  // A peer that never accepts or reads: the sender's sendmsg fills the
+  // socket buffers and waits. The timeout must free the blocks at once
+  // (the send waits outside the pool's read gate), not after the sender's
+  // 60 s stall timeout.
+  int port = 0;
+  auto listener = TcpListen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  auto prefill = MakeEngine();
+  PrefillOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  options.make_sink =
+      TcpKvSinkFactory("127.0.0.1:" + std::to_string(port), 6, "",
+                       {.stall_timeout = absl::Seconds(60)});
+  PrefillResult result;
+  SamplingParams params;
+  params.temperature = 0.0;
+  // ~450 tokens: ~10 MB of KV, far beyond what the socket buffers hold.
+  const std::vector<int32_t> prompt =
+      Chat("Continue the story: " +
+           Repeat("A fox met a crow who held some cheese. ", 40));
+  ASSERT_GT(prompt.size(), 400u);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(prefill
+                  ->SubmitPrefill({"s", prompt, params}, options,
+                                  CollectPrefill(&result))
+                  .ok());
+  prefill->RunUntilIdle();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(result.done);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(result.last.error)) << result.last.error;
+  EXPECT_LT(took, absl::Seconds(30));
+  ExpectAllFree(*prefill);
+  // Closing the listener resets the connection; the detached sender ends
+  // and the engine joins it.
+  listener->Reset();
+  prefill.reset();
+}
 
 TEST_F(DisaggregationTest, HandoffTimeoutFreesBlocksWithoutWaiting) {
   auto prefill = MakeEngine();
@@ -121,11 +245,11 @@ TEST_F(DisaggregationTest, HandoffTimeoutFreesBlocksWithoutWaiting) {
 
 TEST_F(DisaggregationTest, CancelBeforeDecodeFreesReservation) {
   auto decode = MakeEngine();
-  ImportOptions import;
-  import.transfer_id = 3;
-  import.num_prompt_tokens = 100;
-  import.max_tokens = 50;
-  auto reservation = decode->ReserveImport("c", import);
+  ImportOptions import_options;
+  import_options.transfer_id = 3;
+  import_options.num_prompt_tokens = 100;
+  import_options.max_tokens = 50;
+  auto reservation = decode->ReserveImport("c", import_options);
   ASSERT_TRUE(reservation.ok()) << reservation.status();
   EXPECT_EQ(reservation->num_blocks, 10);
   EXPECT_EQ(decode->stats().kv_blocks_free,

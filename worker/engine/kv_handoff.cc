@@ -1,6 +1,5 @@
 #include "worker/engine/kv_handoff.h"
 
-#include <cstring>
 #include <memory>
 #include <span>
 #include <utility>
@@ -47,8 +46,21 @@ void KvHandoff::Abort(absl::Status reason) {
 
 void KvHandoff::Detach(absl::Status reason) {
   Abort(std::move(reason));
-  absl::MutexLock lock(&copy_mu_);
+  absl::MutexLock lock(&pool_mu_);
   detached_ = true;
+}
+
+bool KvHandoff::PoolGate::Enter() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  handoff_->pool_mu_.Lock();
+  if (handoff_->detached_) {
+    handoff_->pool_mu_.Unlock();
+    return false;
+  }
+  return true;
+}
+
+void KvHandoff::PoolGate::Exit() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  handoff_->pool_mu_.Unlock();
 }
 
 bool KvHandoff::done() const {
@@ -64,7 +76,7 @@ KvHandoffResult KvHandoff::result() const {
 void KvHandoff::Run() {
   const int64_t num_layers = info_.layout.num_layers;
   const uint64_t chunk = cache_->chunk_bytes();
-  std::vector<uint8_t> staging(block_ids_.size() * chunk);
+  std::vector<std::span<const uint8_t>> chunks(block_ids_.size());
   absl::Status status;
   std::unique_ptr<KvSink> sink;
   {
@@ -88,29 +100,32 @@ void KvHandoff::Run() {
         break;
       }
     }
-    {
-      absl::MutexLock lock(&copy_mu_);
-      if (detached_) break;  // abort_ is set: caught above next time
-      for (size_t i = 0; i < block_ids_.size(); ++i) {
-        std::memcpy(staging.data() + i * chunk,
-                    cache_->LayerBlock(layer, block_ids_[i]), chunk);
-      }
+    // Addresses only; the bytes are read under gate_ by the sink.
+    for (size_t i = 0; i < block_ids_.size(); ++i) {
+      chunks[i] = {cache_->LayerBlock(layer, block_ids_[i]), chunk};
     }
-    status = sink->SendLayer(layer, staging);
-    bytes += staging.size();
+    status = sink->SendLayerChunks(layer, chunks, gate_);
+    bytes += chunks.size() * chunk;
   }
-  {
+  if (status.ok()) {
     absl::MutexLock lock(&mu_);
-    if (status.ok() && !abort_.ok()) status = abort_;
+    if (!abort_.ok()) status = abort_;
   }
   if (status.ok()) {
     status = sink->Finish();
   } else if (sink != nullptr) {
     sink->Abort(status);
   }
+  bool detached;
+  {
+    absl::MutexLock lock(&pool_mu_);
+    detached = detached_;
+  }
   {
     absl::MutexLock lock(&mu_);
-    if (status.ok() && !abort_.ok()) status = abort_;  // detached meanwhile
+    // Detached meanwhile: the abort reason, not what the revoked gate or a
+    // late confirmation said.
+    if (!abort_.ok() && (status.ok() || detached)) status = abort_;
     const Clock::time_point now = Clock::now();
     result_.status = status;
     result_.metrics.kv_bytes = bytes;

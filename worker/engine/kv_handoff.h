@@ -4,11 +4,20 @@
 //
 // The engine thread calls LayerReady(l) after layer l of the prompt's last
 // chunk is written (every earlier chunk wrote its layers in earlier steps).
-// The sender thread copies that layer's blocks out of the pool into a staging
-// buffer and hands it to the sink, while the engine computes later layers
-// (different bytes of the pool). After the last layer it calls Finish() and
-// reports through on_done. The blocks must stay reserved until done() (or
-// until Detach() returned).
+// The sender thread hands that layer's chunks to the sink IN PLACE
+// (KvSink::SendLayerChunks: the TCP sink checksums them and sendmsg's them
+// from the pool, no copy), while the engine computes later layers (different
+// bytes of the pool). A finished layer is never written again: the engine
+// detaches the sequence from the scheduler after its last chunk, so nothing
+// appends to, preempts or frees its blocks until the handoff ends. After the
+// last layer the thread calls Finish() and reports through on_done. The
+// blocks must stay reserved until done() (or until Detach() returned).
+//
+// Every read of the pool by the sender thread (and the sink) is bracketed by
+// a read gate; Detach revokes it, waiting only for a bracketed read in
+// progress (one layer's checksum or one non-blocking sendmsg, never a wait
+// for the peer), so a handoff timeout frees the blocks at once even while
+// the sink is stuck.
 #ifndef BATON_WORKER_ENGINE_KV_HANDOFF_H_
 #define BATON_WORKER_ENGINE_KV_HANDOFF_H_
 
@@ -50,9 +59,10 @@ class KvHandoff {
   // Ends the handoff with `reason` (the sink is aborted) unless it already
   // finished. Does not wait.
   void Abort(absl::Status reason);
-  // Abort, then waits only for a copy out of the pool in progress: once it
-  // returns the thread never reads the pool again, so the blocks may be
-  // freed while the thread is still stuck in the sink.
+  // Abort, then revokes the read gate, waiting only for a read of the pool
+  // in progress: once it returns neither the thread nor the sink reads the
+  // pool again, so the blocks may be freed while the thread is still stuck
+  // in the sink.
   void Detach(absl::Status reason);
 
   bool done() const;
@@ -60,6 +70,18 @@ class KvHandoff {
   KvHandoffResult result() const;
 
  private:
+  // The gate the sink reads the pool under (pool_mu_ held between Enter
+  // and Exit; closed once detached_).
+  class PoolGate : public KvReadGate {
+   public:
+    explicit PoolGate(KvHandoff* handoff) : handoff_(handoff) {}
+    bool Enter() override;
+    void Exit() override;
+
+   private:
+    KvHandoff* handoff_;
+  };
+
   void Run();
 
   const KvCache* cache_;
@@ -76,8 +98,10 @@ class KvHandoff {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   KvHandoffResult result_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex copy_mu_;
-  bool detached_ ABSL_GUARDED_BY(copy_mu_) = false;
+  // Held while the pool is read (PoolGate); Detach takes it to revoke.
+  absl::Mutex pool_mu_;
+  bool detached_ ABSL_GUARDED_BY(pool_mu_) = false;
+  PoolGate gate_{this};
 
   std::thread thread_;
 };

@@ -1,11 +1,31 @@
 #include "worker/engine/kv_sink.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace baton {
+
+absl::Status KvSink::SendLayerChunks(
+    int64_t layer, std::span<const std::span<const uint8_t>> chunks,
+    KvReadGate& gate) {
+  uint64_t total = 0;
+  for (std::span<const uint8_t> c : chunks) total += c.size();
+  std::vector<uint8_t> bytes(total);
+  if (!gate.Enter()) {
+    return absl::CancelledError(absl::StrCat(
+        "KV layer ", layer, ": source blocks released before the copy"));
+  }
+  uint64_t off = 0;
+  for (std::span<const uint8_t> c : chunks) {
+    if (!c.empty()) std::memcpy(bytes.data() + off, c.data(), c.size());
+    off += c.size();
+  }
+  gate.Exit();
+  return SendLayer(layer, bytes);
+}
 
 TransportKvSink::TransportKvSink(std::unique_ptr<KvSender> sender,
                                  uint64_t transfer_id, std::string model_id,
@@ -22,8 +42,24 @@ absl::Status TransportKvSink::SendLayer(int64_t layer,
                                         std::span<const uint8_t> bytes) {
   header_.layer = layer;
   header_.payload_bytes = bytes.size();
-  header_.checksum = KvChecksum(bytes);
+  header_.checksum = KvChecksum(bytes, header_.layout.chunk_bytes());
   return sender_->SendLayer(header_, bytes);
+}
+
+absl::Status TransportKvSink::SendLayerChunks(
+    int64_t layer, std::span<const std::span<const uint8_t>> chunks,
+    KvReadGate& gate) {
+  uint64_t total = 0;
+  for (std::span<const uint8_t> c : chunks) total += c.size();
+  header_.layer = layer;
+  header_.payload_bytes = total;
+  if (!gate.Enter()) {
+    return absl::CancelledError(absl::StrCat(
+        "KV layer ", layer, ": source blocks released before the checksum"));
+  }
+  header_.checksum = KvChecksumChunks(chunks);
+  gate.Exit();
+  return sender_->SendLayerChunks(header_, chunks, &gate);
 }
 
 KvSinkFactory TcpKvSinkFactory(std::string endpoint, uint64_t transfer_id,

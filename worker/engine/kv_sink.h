@@ -29,15 +29,24 @@ struct KvSinkInfo {
   int64_t num_tokens = 0;  // tokens every layer carries
 };
 
-// One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1),
-// Finish(); or Abort(reason) at any point. bytes is the layer as produced by
-// KvCache::ExportLayer (BlocksNeeded(num_tokens) chunks, table order) and is
-// only valid during the call.
+// One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1) (each
+// layer through SendLayer or SendLayerChunks), Finish(); or Abort(reason) at
+// any point. bytes is the layer as produced by KvCache::ExportLayer
+// (BlocksNeeded(num_tokens) chunks, table order) and is only valid during
+// the call.
 class KvSink {
  public:
   virtual ~KvSink() = default;
   virtual absl::Status SendLayer(int64_t layer,
                                  std::span<const uint8_t> bytes) = 0;
+  // The same layer as its chunks in the pool (KvCache::LayerChunks order),
+  // read in place: only between gate.Enter() and gate.Exit(), and never
+  // after Enter() returned false (the owner revoked the memory; return
+  // Cancelled then). The bytes do not change during the call. The default
+  // copies the chunks under the gate and calls SendLayer.
+  virtual absl::Status SendLayerChunks(
+      int64_t layer, std::span<const std::span<const uint8_t>> chunks,
+      KvReadGate& gate);
   // OK once the destination has every layer; otherwise its error.
   virtual absl::Status Finish() = 0;
   // Abandons the handoff; the destination learns `reason`. Best effort.
@@ -49,13 +58,17 @@ using KvSinkFactory =
     std::function<absl::StatusOr<std::unique_ptr<KvSink>>(const KvSinkInfo&)>;
 
 // Adapts a KvSender: fills KvTransferHeader (ids, layout, tokens, layer,
-// payload bytes, KvChecksum) for every layer.
+// payload bytes, KvChecksum) for every layer. SendLayerChunks checksums the
+// chunks in place and hands them to KvSender::SendLayerChunks (no copy).
 class TransportKvSink : public KvSink {
  public:
   TransportKvSink(std::unique_ptr<KvSender> sender, uint64_t transfer_id,
                   std::string model_id, const KvSinkInfo& info);
   absl::Status SendLayer(int64_t layer,
                          std::span<const uint8_t> bytes) override;
+  absl::Status SendLayerChunks(int64_t layer,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate& gate) override;
   absl::Status Finish() override { return sender_->Finish(); }
   void Abort(absl::Status reason) override {
     sender_->Abort(std::move(reason));

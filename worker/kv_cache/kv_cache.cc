@@ -311,6 +311,46 @@ absl::Status KvCache::ImportLayer(const BlockTable& table, int64_t layer,
   return absl::OkStatus();
 }
 
+absl::Status KvCache::CheckChunkRequest(const BlockTable& table, int64_t layer,
+                                        int64_t num_tokens) const {
+  CheckOwner(table);
+  BATON_RETURN_IF_ERROR(CheckLayer(layer, layout_.num_layers));
+  if (num_tokens < 0 || num_tokens > Capacity(table)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV chunks of layer ", layer, ": num_tokens must be in [0, ",
+        Capacity(table), "] (the reserved capacity), got ", num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::span<const uint8_t>>> KvCache::LayerChunks(
+    const BlockTable& table, int64_t layer, int64_t num_tokens) const {
+  BATON_RETURN_IF_ERROR(CheckChunkRequest(table, layer, num_tokens));
+  const int64_t blocks = BlocksNeeded(num_tokens);
+  std::vector<std::span<const uint8_t>> out;
+  out.reserve(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) {
+    out.emplace_back(
+        LayerBlock(layer, table.block_ids_[static_cast<size_t>(i)]),
+        chunk_bytes_);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::span<uint8_t>>> KvCache::MutableLayerChunks(
+    const BlockTable& table, int64_t layer, int64_t num_tokens) {
+  BATON_RETURN_IF_ERROR(CheckChunkRequest(table, layer, num_tokens));
+  const int64_t blocks = BlocksNeeded(num_tokens);
+  std::vector<std::span<uint8_t>> out;
+  out.reserve(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) {
+    out.emplace_back(
+        LayerBlock(layer, table.block_ids_[static_cast<size_t>(i)]),
+        chunk_bytes_);
+  }
+  return out;
+}
+
 absl::Status KvCache::CheckInvariants() const {
   if (free_count_ < 0 || free_count_ > num_blocks_ || free_head_ < 0 ||
       free_head_ >= num_blocks_) {

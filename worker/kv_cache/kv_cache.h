@@ -177,6 +177,17 @@ class KvCache {
   absl::Status ImportLayer(const BlockTable& table, int64_t layer,
                            int64_t num_tokens, std::span<const uint8_t> in);
 
+  // The chunks of `layer` of the table's first BlocksNeeded(num_tokens)
+  // blocks, in table order, each chunk_bytes() long: concatenated they are
+  // what ExportLayer writes / ImportLayer reads, for callers that send or
+  // receive a layer in place. Pointers stay valid for the KvCache's lifetime;
+  // the bytes belong to whoever holds the table. InvalidArgument for a bad
+  // layer or num_tokens outside [0, Capacity(table)].
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> LayerChunks(
+      const BlockTable& table, int64_t layer, int64_t num_tokens) const;
+  absl::StatusOr<std::vector<std::span<uint8_t>>> MutableLayerChunks(
+      const BlockTable& table, int64_t layer, int64_t num_tokens);
+
   // --- Checks for tests and metrics ---
   // Internal: the free list has no duplicates or out-of-range ids, a block
   // is on it iff its reference count is 0, counts add up to the total.
@@ -195,6 +206,10 @@ class KvCache {
     BATON_CHECK(table.pool_id_ == 0 || table.pool_id_ == pool_id_)
         << "BlockTable belongs to another KvCache";
   }
+  // InvalidArgument unless layer is in range and 0 <= num_tokens <=
+  // Capacity(table).
+  absl::Status CheckChunkRequest(const BlockTable& table, int64_t layer,
+                                 int64_t num_tokens) const;
   // Bytes of the K element (layer, block of position, head 0, slot, dim 0).
   uint64_t KeyOffset(const BlockTable& table, int64_t layer,
                      int64_t position) const;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -352,6 +353,54 @@ TEST(KvCacheTest, UnallocatablePoolIsResourceExhausted) {
   cache = KvCache::Create(options);
   EXPECT_EQ(cache.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(cache.status().message(), HasSubstr("overflows 64 bits"));
+}
+
+TEST(KvCacheTest, LayerChunksAreTheExportedBytesInTableOrder) {
+  std::unique_ptr<KvCache> cache = MakeCache(SmallOptions(12));
+  ASSERT_NE(cache, nullptr);
+  // Fragment the free list so the table's block ids are out of order.
+  std::vector<BlockTable> singles(12);
+  for (BlockTable& t : singles) ASSERT_TRUE(cache->Reserve(t, 1).ok());
+  for (int i : {7, 2, 11, 0, 5, 9, 3, 1, 10, 4, 6, 8}) cache->Free(singles[i]);
+  BlockTable table;
+  ASSERT_TRUE(cache->Reserve(table, 18).ok());  // 5 blocks of 4
+  EXPECT_THAT(Ids(table), ElementsAre(7, 2, 11, 0, 5));
+  ASSERT_TRUE(cache->SetNumTokens(table, 14).ok());  // 4 blocks written
+  std::mt19937 rng(5);
+  const uint64_t chunk = cache->chunk_bytes();
+  for (int64_t l = 0; l < 2; ++l) {
+    absl::StatusOr<std::vector<std::span<uint8_t>>> out =
+        cache->MutableLayerChunks(table, l, 14);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 4u);
+    for (size_t i = 0; i < out->size(); ++i) {
+      EXPECT_EQ((*out)[i].data(), cache->LayerBlock(l, table.block_ids()[i]));
+      EXPECT_EQ((*out)[i].size(), chunk);
+      for (uint8_t& b : (*out)[i]) b = static_cast<uint8_t>(rng());
+    }
+    absl::StatusOr<std::vector<std::span<const uint8_t>>> in =
+        cache->LayerChunks(table, l, 14);
+    ASSERT_TRUE(in.ok()) << in.status();
+    std::vector<uint8_t> joined;
+    for (std::span<const uint8_t> c : *in) {
+      joined.insert(joined.end(), c.begin(), c.end());
+    }
+    std::vector<uint8_t> exported(cache->LayerBytes(table));
+    ASSERT_TRUE(cache->ExportLayer(table, l, exported).ok());
+    EXPECT_EQ(joined, exported);
+  }
+  // The whole reserved capacity may be listed; no more.
+  EXPECT_EQ(cache->LayerChunks(table, 0, 20)->size(), 5u);
+  EXPECT_EQ(cache->LayerChunks(table, 0, 0)->size(), 0u);
+  absl::Status s = cache->LayerChunks(table, 0, 21).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("num_tokens must be in [0, 20]"));
+  s = cache->MutableLayerChunks(table, 2, 4).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layer must be in [0, 2), got 2"));
+  cache->Free(table);
+  for (BlockTable& t : singles) cache->Free(t);
+  ExpectConsistent(*cache, {});
 }
 
 }  // namespace

@@ -1,14 +1,117 @@
 #include "worker/transport/kv_transport.h"
 
+// xxHash is compiled inline, its SSE2 kernels as the baseline; on x86-64 its
+// AVX2 kernels are compiled too (XXH_DISPATCH_AVX2, the hook xxHash's own
+// x86 dispatcher uses) and picked at run time. Every kernel gives the same
+// hash; AVX2 is ~1.6x faster from memory and ~3x out of L2 here.
 #define XXH_INLINE_ALL
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BATON_KV_XXH3_X86 1
+#define XXH_DISPATCH_AVX2 1
+#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
+#endif
 #include <xxhash.h>
+// The AVX2 entry point below names xxHash internals as of 0.8.0 / 0.8.1.
+#if defined(BATON_KV_XXH3_X86) && XXH_VERSION_NUMBER >= 800 && \
+    XXH_VERSION_NUMBER < 802
+#define BATON_KV_XXH3_AVX2 1
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 
 namespace baton {
 
-uint64_t KvChecksum(std::span<const uint8_t> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
+namespace {
+
+#ifdef BATON_KV_XXH3_AVX2
+// XXH3's long-input path (inputs over 240 bytes) with the AVX2 kernels.
+// Clears the upper YMM halves before returning, so the SSE code around it
+// pays no transition penalty.
+__attribute__((__target__("avx2"), noinline)) XXH64_hash_t HashLongAvx2(
+    const void* XXH_RESTRICT input, size_t len, XXH64_hash_t /*seed*/,
+    const xxh_u8* XXH_RESTRICT /*secret*/, size_t /*secret_len*/) {
+  const XXH64_hash_t h = XXH3_hashLong_64b_internal(
+      input, len, XXH3_kSecret, sizeof(XXH3_kSecret), XXH3_accumulate_512_avx2,
+      XXH3_scrambleAcc_avx2);
+  _mm256_zeroupper();
+  return h;
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+// XXH3_64bits (seed 0) of [data, data + size), on the fastest kernel.
+uint64_t Xxh3(const void* data, size_t size) {
+#ifdef BATON_KV_XXH3_AVX2
+  if (kHasAvx2) {
+    return XXH3_64bits_internal(data, size, 0, XXH3_kSecret,
+                                sizeof(XXH3_kSecret), HashLongAvx2);
+  }
+#endif
+  return XXH3_64bits(data, size);
+}
+
+void AppendHash(std::span<const uint8_t> piece, std::vector<uint8_t>* out) {
+  const uint64_t h = Xxh3(piece.data(), piece.size());
+  for (int i = 0; i < 8; ++i)
+    out->push_back(static_cast<uint8_t>(h >> (8 * i)));
+}
+
+uint64_t HashOfHashes(const std::vector<uint8_t>& hashes) {
+  return Xxh3(hashes.data(), hashes.size());
+}
+
+}  // namespace
+
+uint64_t KvChecksum(std::span<const uint8_t> payload, uint64_t chunk_bytes) {
+  BATON_CHECK_GT(chunk_bytes, 0u);
+  std::vector<uint8_t> hashes;
+  hashes.reserve((payload.size() / chunk_bytes + 1) * 8);
+  for (uint64_t off = 0; off < payload.size(); off += chunk_bytes) {
+    AppendHash(payload.subspan(
+                   off, std::min<uint64_t>(chunk_bytes, payload.size() - off)),
+               &hashes);
+  }
+  return HashOfHashes(hashes);
+}
+
+uint64_t KvChecksumChunks(std::span<const std::span<const uint8_t>> chunks) {
+  std::vector<uint8_t> hashes;
+  hashes.reserve(chunks.size() * 8);
+  for (std::span<const uint8_t> c : chunks) AppendHash(c, &hashes);
+  return HashOfHashes(hashes);
+}
+
+void KvChecksummer::AddChunk(std::span<const uint8_t> chunk) {
+  AppendHash(chunk, &hashes_);
+}
+
+uint64_t KvChecksummer::Digest() const { return HashOfHashes(hashes_); }
+
+absl::Status KvSender::SendLayerChunks(
+    const KvTransferHeader& header,
+    std::span<const std::span<const uint8_t>> chunks, KvReadGate* gate) {
+  uint64_t total = 0;
+  for (std::span<const uint8_t> c : chunks) total += c.size();
+  std::vector<uint8_t> payload(total);
+  if (gate != nullptr && !gate->Enter()) {
+    return absl::CancelledError(
+        absl::StrCat("KV transfer ", header.transfer_id, " layer ",
+                     header.layer, ": source memory released before the send"));
+  }
+  uint64_t off = 0;
+  for (std::span<const uint8_t> c : chunks) {
+    if (!c.empty()) std::memcpy(payload.data() + off, c.data(), c.size());
+    off += c.size();
+  }
+  if (gate != nullptr) gate->Exit();
+  return SendLayer(header, payload);
 }
 
 absl::Status PrefixStatus(absl::string_view prefix,

@@ -12,9 +12,15 @@
 //   SendLayer(header for layer 0, bytes) ... SendLayer(layer L-1) ; Finish()
 //   (or Abort(status) at any point). Finish returns once the receiver has
 //   imported every layer and reported completion, or with its error.
-// Receiver side: every layer header is validated BEFORE any byte of that
-// layer is written into the pool (ValidateLayerHeader below, then the payload
-// checksum); after a rejection nothing more of the transfer is written.
+// Receiver side: every layer header is validated (ValidateLayerHeader below)
+// BEFORE any byte of that layer is written into the pool; the payload may
+// then land straight in the reserved blocks and its checksum is verified in
+// place. No byte is COMMITTED before validation: the blocks are reserved for
+// this transfer only and nothing reads them until the decode side calls
+// SetNumTokens after on_done reported OK, so a layer that fails its checksum
+// (or is cut short) fails the transfer and its bytes are never read; the
+// reservation is then freed. After a rejection nothing more of the transfer
+// is written.
 #ifndef BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_
 #define BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_
 
@@ -23,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +38,7 @@
 #include "worker/kv_cache/block_table.h"
 #include "worker/kv_cache/kv_cache.h"
 #include "worker/kv_cache/kv_layout.h"
+#include "worker/transport/socket_io.h"
 
 namespace baton {
 
@@ -39,7 +47,7 @@ inline constexpr size_t kKvMaxIdBytes = 256;
 
 // Describes one layer of one transfer. The payload is the layer as produced
 // by KvCache::ExportLayer: BlocksNeeded(num_tokens) chunks of
-// layout.chunk_bytes(), in block-table order.
+// layout.chunk_bytes(), in block-table order (KvCache::LayerChunks).
 struct KvTransferHeader {
   uint64_t transfer_id = 0;
   std::string request_id;      // at most kKvMaxIdBytes bytes
@@ -48,12 +56,42 @@ struct KvTransferHeader {
   int64_t num_tokens = 0;      // tokens of the sequence carried by every layer
   int64_t layer = 0;           // in [0, layout.num_layers)
   uint64_t payload_bytes = 0;  // == payload.size()
-  uint64_t checksum = 0;       // KvChecksum(payload)
+  uint64_t checksum = 0;       // KvChecksum(payload, layout.chunk_bytes())
 };
 
-// 64-bit checksum of a layer payload: XXH3-64 (seed 0) of the bytes, as
-// defined by xxHash 0.8 (libxxhash). Runs at memory speed.
-uint64_t KvChecksum(std::span<const uint8_t> bytes);
+// 64-bit checksum of a layer payload (wire version 2): the payload is cut
+// into pieces of chunk_bytes (the last one shorter if the size is not a
+// multiple), each piece is hashed with XXH3-64 (seed 0, xxHash 0.8), and the
+// checksum is XXH3-64 (seed 0) of those hashes, each as 8 little-endian
+// bytes, in order. Per-chunk hashing lets both sides checksum a layer in
+// place in its pool blocks, one-shot per chunk at memory speed (xxHash
+// 0.8.1's streaming API over the same bytes runs at half that speed).
+// Layer payloads use chunk_bytes = layout.chunk_bytes().
+// REQUIRES: chunk_bytes > 0.
+uint64_t KvChecksum(std::span<const uint8_t> payload, uint64_t chunk_bytes);
+
+// KvChecksum(concatenation of chunks, chunks[0].size()), without the copy.
+// REQUIRES: every chunk but the last is chunks[0].size() bytes (as
+// KvCache::LayerChunks gives them).
+uint64_t KvChecksumChunks(std::span<const std::span<const uint8_t>> chunks);
+
+// KvChecksum built chunk by chunk, e.g. as chunks land: after Reset() and
+// AddChunk() for the payload's pieces in order, Digest() == KvChecksum(
+// payload, chunk_bytes).
+class KvChecksummer {
+ public:
+  void Reset() { hashes_.clear(); }
+  void AddChunk(std::span<const uint8_t> chunk);
+  uint64_t Digest() const;
+
+ private:
+  std::vector<uint8_t> hashes_;  // 8 little-endian bytes per chunk
+};
+
+// Gates a sender's reads of memory whose owner may take it back (see
+// ReadGate in socket_io.h): KvHandoff revokes it when a handoff times out so
+// the prefill's blocks can be freed while the sender is still stuck.
+using KvReadGate = ReadGate;
 
 // Sends one transfer. Not thread-safe: one thread drives a sender.
 class KvSender {
@@ -62,13 +100,25 @@ class KvSender {
 
   // Ships one layer. header.transfer_id must be this sender's transfer,
   // header.payload_bytes == payload.size() and header.checksum ==
-  // KvChecksum(payload) (the receiver rejects a mismatch with DataLoss).
+  // KvChecksum(payload, header.layout.chunk_bytes()) (the receiver rejects
+  // a mismatch with DataLoss).
   // Returns the receiver's error as soon as the receiver has rejected the
   // transfer (its code kept, message prefixed), DeadlineExceeded if the peer
   // makes no progress for the stall timeout, Unavailable if it disconnected.
   // After an error every later call returns the same error.
   virtual absl::Status SendLayer(const KvTransferHeader& header,
                                  std::span<const uint8_t> payload) = 0;
+
+  // SendLayer for a payload that is the concatenation of `chunks` (e.g. the
+  // pool chunks of KvCache::LayerChunks), read in place. The chunk memory
+  // must not change until the call returns. gate (optional) brackets every
+  // read of it; a revoked gate fails the call with Cancelled, and the
+  // transfer must then be aborted. header.checksum == KvChecksumChunks(chunks).
+  // The default copies the chunks (under the gate) into one buffer and calls
+  // SendLayer; TcpKvSender sends them with no copy.
+  virtual absl::Status SendLayerChunks(
+      const KvTransferHeader& header,
+      std::span<const std::span<const uint8_t>> chunks, KvReadGate* gate);
 
   // Ends the transfer and waits for the receiver's verdict: OK once every
   // layer has been imported and the receiver reported completion; otherwise
@@ -83,7 +133,9 @@ class KvSender {
 
 // Where the receiver writes one transfer; returned by the lookup callback.
 // The pointed-to objects must stay alive, and the table must not be freed or
-// resized, until on_done has been called for this transfer id.
+// resized, until on_done has been called for this transfer id. Until then the
+// receiver may write any byte of the table's first BlocksNeeded(num_tokens)
+// blocks, in any layer whose header passed ValidateLayerHeader.
 struct KvTransferTarget {
   KvCache* cache = nullptr;
   const BlockTable* table = nullptr;  // reserved for >= num_tokens tokens
@@ -91,9 +143,12 @@ struct KvTransferTarget {
   int64_t num_tokens = 0;             // tokens every layer must carry
   // If non-empty, headers must carry exactly this model id.
   std::string expected_model_id;
-  // Optional: the receiver holds it in shared (reader) mode around each
-  // ImportLayer, so an owner that takes it exclusively around Reserve /
-  // SetNumTokens / Free on the same cache never races an import.
+  // Optional: the receiver holds it in shared (reader) mode while it reads
+  // the table (the block addresses of a layer), so an owner that takes it
+  // exclusively around Reserve / SetNumTokens / Free on the same cache never
+  // races the receiver. The payload bytes are then written without it: they
+  // belong to the reserved table alone, which nobody else touches until
+  // on_done.
   absl::Mutex* cache_mutex = nullptr;
 };
 

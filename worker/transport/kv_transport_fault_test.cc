@@ -1,5 +1,7 @@
 // Host (TCP) KV transport on loopback under faults: per-field rejections
-// before any write, disconnects, stalls, aborts and receiver shutdown.
+// before any write (a bad checksum after the in-place write, never
+// committed), disconnects, stalls, aborts, receiver shutdown, and a sender
+// whose source memory is revoked.
 #include "worker/transport/kv_transport_test_util.h"
 
 namespace baton {
@@ -12,6 +14,9 @@ struct Corruption {
   void (*apply)(KvTransferHeader&, std::vector<uint8_t>&);
   absl::StatusCode code;
   const char* message;
+  // The header is valid, so the payload lands in the reserved blocks before
+  // its checksum fails (never committed: on_layer / on_done OK never come).
+  bool payload_lands = false;
 };
 
 class RejectionTest : public ::testing::TestWithParam<Corruption> {};
@@ -27,7 +32,7 @@ TEST_P(RejectionTest, RejectsLayerBeforeWritingAndStops) {
   for (int64_t l = 0; l < kLayers && s.ok(); ++l) {
     KvTransferHeader h = src.Header(9, l);
     std::vector<uint8_t> bytes = src.Export(l);
-    h.checksum = KvChecksum(bytes);
+    h.checksum = KvChecksum(bytes, kChunkBytes);
     if (l == kBad) GetParam().apply(h, bytes);
     s = sender->SendLayer(h, bytes);
   }
@@ -38,10 +43,12 @@ TEST_P(RejectionTest, RejectsLayerBeforeWritingAndStops) {
   EXPECT_EQ(done.code(), GetParam().code) << done;
   EXPECT_THAT(done.message(), HasSubstr(GetParam().message));
   for (int64_t l = 0; l < kBad; ++l) decode.ExpectSameKv(9, src, l);
-  for (int64_t l = kBad; l < kLayers; ++l) {
+  EXPECT_EQ(decode.Untouched(9, kBad), !GetParam().payload_lands);
+  for (int64_t l = kBad + 1; l < kLayers; ++l) {
     EXPECT_TRUE(decode.Untouched(9, l)) << "layer " << l << " written";
   }
   EXPECT_EQ(decode.Layers(9).size(), static_cast<size_t>(kBad));
+  decode.FreeAll();  // free == total checked inside
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -62,12 +69,13 @@ INSTANTIATE_TEST_SUITE_P(
                    [](KvTransferHeader&, std::vector<uint8_t>& b) {
                      b[b.size() / 2] ^= 1;
                    },
-                   absl::StatusCode::kDataLoss, "checksum mismatch"},
+                   absl::StatusCode::kDataLoss, "checksum mismatch",
+                   /*payload_lands=*/true},
         Corruption{"truncated",
                    [](KvTransferHeader& h, std::vector<uint8_t>& b) {
                      b.resize(b.size() - 1000);
                      h.payload_bytes = b.size();
-                     h.checksum = KvChecksum(b);
+                     h.checksum = KvChecksum(b, kChunkBytes);
                    },
                    absl::StatusCode::kInvalidArgument, "payload_bytes"},
         Corruption{"model",
@@ -90,7 +98,7 @@ void DisconnectAfter(uint64_t extra_bytes_of_layer1) {
       KvFrame f;
       f.header = src.Header(11, l);
       std::vector<uint8_t> bytes = src.Export(l);
-      f.header.checksum = KvChecksum(bytes);
+      f.header.checksum = KvChecksum(bytes, kChunkBytes);
       KvFrameBytes head = EncodeKvFrame(f);
       std::string ids = f.header.request_id + f.header.model_id;
       const size_t n = l == 0 ? bytes.size() : extra_bytes_of_layer1;
@@ -103,7 +111,10 @@ void DisconnectAfter(uint64_t extra_bytes_of_layer1) {
   absl::Status done = decode.WaitDone(11);
   EXPECT_TRUE(absl::IsUnavailable(done)) << done;
   EXPECT_THAT(done.message(), HasSubstr("after 1 of 30 layers"));
-  EXPECT_TRUE(decode.Untouched(11, 1));
+  // Bytes of a cut layer may have landed (reserved, never committed).
+  EXPECT_EQ(decode.Untouched(11, 1), extra_bytes_of_layer1 == 0);
+  EXPECT_TRUE(decode.Untouched(11, 2));
+  EXPECT_EQ(decode.Layers(11).size(), 1u);
   decode.FreeAll();  // free == total checked inside
 }
 
@@ -187,6 +198,97 @@ TEST(TcpKvTransportTest, ReceiverShutdownCancelsInFlightTransfer) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   absl::Status done = decode.WaitDone(14, absl::ZeroDuration());
   EXPECT_TRUE(absl::IsCancelled(done)) << done;
+}
+
+// Refuses Enter() from the `revoke_at`-th call on (0-based).
+class CountingGate : public KvReadGate {
+ public:
+  explicit CountingGate(int revoke_at) : revoke_at_(revoke_at) {}
+  bool Enter() override {
+    EXPECT_FALSE(inside_);
+    if (enters_++ >= revoke_at_) return false;
+    inside_ = true;
+    return true;
+  }
+  void Exit() override {
+    EXPECT_TRUE(inside_);
+    inside_ = false;
+  }
+  int enters() const { return enters_; }
+  bool inside() const { return inside_; }
+
+ private:
+  int revoke_at_;
+  int enters_ = 0;
+  bool inside_ = false;
+};
+
+TEST(TcpKvTransportTest, RevokedGateBeforeLayerFailsWithoutWriting) {
+  PrefillSide src(64, 100, 15);
+  DecodeSide decode(40);
+  decode.Expect(15, 100);
+  auto receiver = StartReceiver(decode);
+  auto sender = Connect(*receiver, 15);
+  ASSERT_TRUE(SendLayer(*sender, src, 15, 0).ok());
+  KvTransferHeader h = src.Header(15, 1);
+  auto chunks = src.cache->LayerChunks(src.table, 1, 100);
+  ASSERT_TRUE(chunks.ok());
+  h.checksum = KvChecksumChunks(*chunks);
+  CountingGate gate(/*revoke_at=*/0);
+  absl::Status s = sender->SendLayerChunks(h, *chunks, &gate);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("source memory released"));
+  EXPECT_EQ(gate.enters(), 1);
+  EXPECT_FALSE(gate.inside());
+  // The connection is closed: the receiver sees the sender go away.
+  absl::Status done = decode.WaitDone(15);
+  EXPECT_TRUE(absl::IsUnavailable(done)) << done;
+  EXPECT_TRUE(decode.Untouched(15, 1));
+  EXPECT_EQ(sender->Finish().code(), absl::StatusCode::kCancelled);
+  decode.FreeAll();
+}
+
+TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnection) {
+  // A reader that drains slowly, so the 8 MiB payload takes many sendmsg
+  // calls; the second one finds the gate revoked.
+  int port = 0;
+  auto listener = TcpListen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok());
+  std::atomic<uint64_t> drained{0};
+  std::thread reader([&] {
+    SocketIoOptions io;
+    ASSERT_TRUE(WaitFd(listener->get(), POLLIN, io, "accept").ok());
+    UniqueFd fd(accept4(listener->get(), nullptr, nullptr, SOCK_NONBLOCK));
+    ASSERT_GE(fd.get(), 0);
+    std::vector<uint8_t> buf(64 << 10);
+    while (WaitFd(fd.get(), POLLIN, io, "drain").ok()) {
+      const ssize_t n = recv(fd.get(), buf.data(), buf.size(), 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) return;
+      if (n > 0) drained += static_cast<uint64_t>(n);
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  });
+  auto sender = TcpKvSender::Connect("127.0.0.1:" + std::to_string(port), 16);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  std::vector<uint8_t> payload(8 << 20, 0x33);
+  std::vector<std::span<const uint8_t>> chunks;
+  for (size_t off = 0; off < payload.size(); off += kChunkBytes) {
+    chunks.emplace_back(payload.data() + off,
+                        std::min<size_t>(kChunkBytes, payload.size() - off));
+  }
+  KvTransferHeader h;
+  h.transfer_id = 16;
+  h.layout = MakeCache(1)->layout();
+  h.payload_bytes = payload.size();
+  h.checksum = KvChecksumChunks(chunks);
+  CountingGate gate(/*revoke_at=*/1);
+  absl::Status s = (*sender)->SendLayerChunks(h, chunks, &gate);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_EQ(gate.enters(), 2);
+  EXPECT_FALSE(gate.inside());
+  reader.join();  // ends at EOF: the sender closed mid-frame
+  EXPECT_GT(drained.load(), 0u);
+  EXPECT_LT(drained.load(), kKvFrameHeaderBytes + payload.size());
 }
 
 }  // namespace

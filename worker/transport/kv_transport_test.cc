@@ -1,5 +1,12 @@
-// Host (TCP) KV transport on loopback: full transfers between two pools,
-// unknown transfers, concurrency and throughput.
+// Host (TCP) KV transport on loopback: full transfers between two pools
+// (from a contiguous buffer and in place from pool chunks), the checksum
+// definition, unknown transfers, concurrency and throughput.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <mutex>
+
 #include "worker/transport/kv_transport_test_util.h"
 
 namespace baton {
@@ -23,6 +30,131 @@ TEST(TcpKvTransportTest, MovesEveryLayerInOrderBitExact) {
   for (int64_t l = 0; l < kLayers; ++l) expected_order[l] = l;
   EXPECT_EQ(decode.Layers(7), expected_order);
   for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(7, src, l);
+}
+
+// Reserves `table` for num_tokens tokens with out-of-order block ids:
+// every block is taken one by one and given back in a shuffled order.
+void ReserveShuffled(KvCache& cache, BlockTable& table, int64_t num_tokens,
+                     uint32_t seed) {
+  std::vector<BlockTable> singles(static_cast<size_t>(cache.num_blocks_free()));
+  for (BlockTable& t : singles) ASSERT_TRUE(cache.Reserve(t, 1).ok());
+  std::shuffle(singles.begin(), singles.end(), std::mt19937(seed));
+  for (BlockTable& t : singles) cache.Free(t);
+  ASSERT_TRUE(cache.Reserve(table, num_tokens).ok());
+}
+
+TEST(TcpKvTransportTest, ChunkSendEqualsExportBitForBit) {
+  // Block size 1: 1500 chunks per layer, more than one sendmsg / recvmsg
+  // takes (IOV_MAX), scattered over both pools.
+  constexpr int64_t kTokens = 1500;
+  KvCacheOptions o;
+  o.num_layers = 4;
+  o.num_kv_heads = 2;
+  o.head_dim = 8;
+  o.block_size = 1;
+  o.num_blocks = 1600;
+  auto src = KvCache::Create(o);
+  auto dst = KvCache::Create(o);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  BlockTable src_table, dst_table;
+  ReserveShuffled(**src, src_table, kTokens, 1);
+  ReserveShuffled(**dst, dst_table, kTokens + 7, 2);
+  std::mt19937 rng(3);
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    for (int32_t b : src_table.block_ids()) {
+      uint8_t* p = (*src)->LayerBlock(l, b);
+      for (uint64_t i = 0; i < (*src)->chunk_bytes(); ++i) p[i] = rng();
+    }
+  }
+  ASSERT_TRUE((*src)->SetNumTokens(src_table, kTokens).ok());
+  std::mutex done_mu;
+  absl::Status done = absl::UnknownError("no on_done");
+  KvReceiverCallbacks cb;
+  cb.lookup = [&](uint64_t) -> absl::StatusOr<KvTransferTarget> {
+    KvTransferTarget t;
+    t.cache = dst->get();
+    t.table = &dst_table;
+    t.expected_layout = (*dst)->layout();
+    t.num_tokens = kTokens;
+    return t;
+  };
+  cb.on_done = [&](uint64_t, absl::Status s) {
+    std::lock_guard<std::mutex> lock(done_mu);
+    done = s;
+  };
+  auto receiver = TcpKvReceiver::Start({}, cb);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  auto sender = Connect(**receiver, 21);
+  KvTransferHeader h;
+  h.transfer_id = 21;
+  h.request_id = "chunks";
+  h.layout = (*src)->layout();
+  h.num_tokens = kTokens;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    auto chunks = (*src)->LayerChunks(src_table, l, kTokens);
+    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    ASSERT_EQ(chunks->size(), static_cast<size_t>(kTokens));
+    h.layer = l;
+    h.payload_bytes = (*src)->LayerBytes(src_table);
+    h.checksum = KvChecksumChunks(*chunks);
+    ASSERT_TRUE(sender->SendLayerChunks(h, *chunks, nullptr).ok());
+  }
+  ASSERT_TRUE(sender->Finish().ok());
+  {
+    std::lock_guard<std::mutex> lock(done_mu);
+    ASSERT_TRUE(done.ok()) << done;
+  }
+  ASSERT_TRUE((*dst)->SetNumTokens(dst_table, kTokens).ok());
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    std::vector<uint8_t> a((*src)->LayerBytes(src_table));
+    std::vector<uint8_t> b((*dst)->LayerBytes(dst_table));
+    ASSERT_TRUE((*src)->ExportLayer(src_table, l, a).ok());
+    ASSERT_TRUE((*dst)->ExportLayer(dst_table, l, b).ok());
+    ASSERT_EQ(a, b) << "layer " << l;
+  }
+  (*src)->Free(src_table);
+  (*dst)->Free(dst_table);
+  EXPECT_EQ((*dst)->num_blocks_free(), (*dst)->num_blocks_total());
+}
+
+TEST(KvChecksumTest, DefinitionAndEquivalentForms) {
+  std::mt19937 rng(11);
+  std::vector<uint8_t> payload(7 * kChunkBytes + 100);
+  for (uint8_t& b : payload) b = static_cast<uint8_t>(rng());
+  // Reference: xxHash's own one-shot XXH3 per piece, then over the hashes.
+  std::vector<uint8_t> hashes;
+  std::vector<std::span<const uint8_t>> pieces;
+  for (size_t off = 0; off < payload.size(); off += kChunkBytes) {
+    const size_t n = std::min<size_t>(kChunkBytes, payload.size() - off);
+    pieces.emplace_back(payload.data() + off, n);
+    const uint64_t h = XXH3_64bits(payload.data() + off, n);
+    for (int i = 0; i < 8; ++i)
+      hashes.push_back(static_cast<uint8_t>(h >> (8 * i)));
+  }
+  const uint64_t expected = XXH3_64bits(hashes.data(), hashes.size());
+  EXPECT_EQ(KvChecksum(payload, kChunkBytes), expected);
+  EXPECT_EQ(KvChecksumChunks(pieces), expected);
+  KvChecksummer sum;
+  sum.AddChunk(pieces[0]);
+  sum.Reset();
+  for (std::span<const uint8_t> p : pieces) sum.AddChunk(p);
+  EXPECT_EQ(sum.Digest(), expected);
+  // Short inputs (XXH3's other code paths) agree too.
+  for (size_t n : {0, 1, 16, 17, 128, 129, 240, 241}) {
+    const std::span<const uint8_t> head(payload.data(), n);
+    const uint64_t h = XXH3_64bits(head.data(), n);
+    uint8_t le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>(h >> (8 * i));
+    EXPECT_EQ(KvChecksum(head, 4096),
+              n == 0 ? XXH3_64bits(nullptr, 0) : XXH3_64bits(le, 8))
+        << n;
+  }
+  // Any flipped bit or swapped pair of chunks changes it.
+  payload[3 * kChunkBytes + 5] ^= 0x10;
+  EXPECT_NE(KvChecksum(payload, kChunkBytes), expected);
+  payload[3 * kChunkBytes + 5] ^= 0x10;
+  std::swap(pieces[1], pieces[2]);
+  EXPECT_NE(KvChecksumChunks(pieces), expected);
 }
 
 TEST(TcpKvTransportTest, UnknownTransferIdIsNotFound) {
@@ -88,7 +220,7 @@ TEST(TcpKvTransportTest, PrintsLoopbackThroughput) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t l = 0; l < kLayers; ++l) {
       KvTransferHeader h = src.Header(200 + rep, l);
-      h.checksum = KvChecksum(layers[l]);
+      h.checksum = KvChecksum(layers[l], kChunkBytes);
       ASSERT_TRUE(sender->SendLayer(h, layers[l]).ok());
     }
     ASSERT_TRUE(sender->Finish().ok());

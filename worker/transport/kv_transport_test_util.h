@@ -4,6 +4,10 @@
 #ifndef BATON_WORKER_TRANSPORT_KV_TRANSPORT_TEST_UTIL_H_
 #define BATON_WORKER_TRANSPORT_KV_TRANSPORT_TEST_UTIL_H_
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +36,9 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kLayers = 30;
 constexpr uint8_t kSentinel = 0x5A;
+// chunk_bytes() of MakeCache's layout: K and V x 3 heads x 16 slots x 64
+// dims x 2 bytes (F16). KvChecksum of a layer payload hashes these pieces.
+constexpr uint64_t kChunkBytes = 2 * 3 * 16 * 64 * 2;
 
 inline std::unique_ptr<KvCache> MakeCache(int64_t num_blocks) {
   KvCacheOptions o;
@@ -42,6 +49,7 @@ inline std::unique_ptr<KvCache> MakeCache(int64_t num_blocks) {
   o.num_blocks = num_blocks;
   auto cache = KvCache::Create(o);
   EXPECT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ((*cache)->chunk_bytes(), kChunkBytes);
   return std::move(cache).value();
 }
 
@@ -232,7 +240,7 @@ inline absl::Status SendLayer(KvSender& sender, const PrefillSide& src,
                               uint64_t id, int64_t layer) {
   KvTransferHeader h = src.Header(id, layer);
   std::vector<uint8_t> bytes = src.Export(layer);
-  h.checksum = KvChecksum(bytes);
+  h.checksum = KvChecksum(bytes, kChunkBytes);
   return sender.SendLayer(h, bytes);
 }
 

@@ -4,7 +4,8 @@
 //
 //   off size field
 //     0    4 magic 0x5456_4B42 ("BKVT" in memory)
-//     4    2 version (1)
+//     4    2 version (2; version 1 differed only in the checksum definition:
+//             XXH3-64 of the whole payload)
 //     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status
 //     8    8 transfer_id
 //    16    4 layer
@@ -15,7 +16,8 @@
 //    36    4 layout.dtype (ggml type id)
 //    40    8 num_tokens (two's complement)
 //    48    8 payload_bytes
-//    56    8 checksum (KvChecksum of the payload; layer frames only)
+//    56    8 checksum (KvChecksum(payload, layout.chunk_bytes()): XXH3-64
+//             of the per-chunk XXH3-64 hashes; layer frames only)
 //    64    2 request_id length  (<= kKvMaxIdBytes)
 //    66    2 model_id length    (<= kKvMaxIdBytes)
 //    68    4 status code (absl::StatusCode; abort and status frames)
@@ -38,7 +40,7 @@
 namespace baton {
 
 inline constexpr uint32_t kKvWireMagic = 0x54564B42;
-inline constexpr uint16_t kKvWireVersion = 1;
+inline constexpr uint16_t kKvWireVersion = 2;
 inline constexpr size_t kKvFrameHeaderBytes = 72;
 inline constexpr size_t kKvMaxMessageBytes = 4096;
 

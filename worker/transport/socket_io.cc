@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -34,6 +36,30 @@ absl::Status SetNonBlocking(int fd) {
     return ErrnoStatus(errno, "fcntl(O_NONBLOCK)");
   }
   return absl::OkStatus();
+}
+
+// Largest iovec count one sendmsg / recvmsg accepts.
+#ifdef IOV_MAX
+constexpr int kMaxIov = IOV_MAX;
+#else
+constexpr int kMaxIov = 1024;
+#endif
+
+// recvmsg reads at most this much per call, so on_data sees bytes while they
+// are still in the L2 cache the kernel copied them through.
+constexpr size_t kRecvSliceBytes = size_t{256} << 10;
+
+// Drops the first n bytes of iov[0..*count), advancing *iov.
+void Consume(iovec** iov, int* count, size_t n) {
+  while (*count > 0 && n >= (*iov)[0].iov_len) {
+    n -= (*iov)[0].iov_len;
+    ++*iov;
+    --*count;
+  }
+  if (*count > 0) {
+    (*iov)[0].iov_base = static_cast<uint8_t*>((*iov)[0].iov_base) + n;
+    (*iov)[0].iov_len -= n;
+  }
 }
 
 int PollMillis(absl::Duration d) {
@@ -134,8 +160,70 @@ absl::Status RecvExact(int fd, std::span<uint8_t> out,
   return absl::OkStatus();
 }
 
+absl::Status RecvAllV(
+    int fd, iovec* iov, int count, const SocketIoOptions& options,
+    absl::string_view what,
+    const std::function<void(std::span<const uint8_t>)>& on_data) {
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  size_t got = 0;
+  while (count > 0 && iov[0].iov_len == 0) {
+    ++iov;
+    --count;
+  }
+  while (count > 0) {
+    // One slice: at most kRecvSliceBytes over at most kMaxIov iovecs; the
+    // last iovec is shortened in place and restored after the call.
+    int n_iov = 0;
+    size_t slice = 0;
+    while (n_iov < count && n_iov < kMaxIov && slice < kRecvSliceBytes) {
+      slice += iov[n_iov].iov_len;
+      ++n_iov;
+    }
+    const size_t last_len = iov[n_iov - 1].iov_len;
+    if (slice > kRecvSliceBytes) {
+      iov[n_iov - 1].iov_len -= slice - kRecvSliceBytes;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
+    const ssize_t n = recvmsg(fd, &msg, 0);
+    iov[n_iov - 1].iov_len = last_len;
+    if (n > 0) {
+      size_t left = static_cast<size_t>(n);
+      got += left;
+      if (on_data) {
+        for (int i = 0; i < n_iov && left > 0; ++i) {
+          const size_t take = std::min(left, iov[i].iov_len);
+          on_data(std::span<const uint8_t>(
+              static_cast<const uint8_t*>(iov[i].iov_base), take));
+          left -= take;
+        }
+      }
+      Consume(&iov, &count, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("peer closed the connection after ", got, " of ", total,
+                       " bytes while ", what));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status s = WaitFd(fd, POLLIN, options, what); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    return ErrnoStatus(errno, absl::StrCat("recvmsg after ", got, " of ", total,
+                                           " bytes while ", what));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SendAllV(int fd, iovec* iov, int count,
-                      const SocketIoOptions& options, absl::string_view what) {
+                      const SocketIoOptions& options, absl::string_view what,
+                      ReadGate* gate) {
   while (count > 0 && iov[0].iov_len == 0) {
     ++iov;
     --count;
@@ -143,28 +231,25 @@ absl::Status SendAllV(int fd, iovec* iov, int count,
   while (count > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(count);
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, kMaxIov));
+    if (gate != nullptr && !gate->Enter()) {
+      return absl::CancelledError(
+          absl::StrCat("source memory released while ", what));
+    }
     const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    const int err = errno;
+    if (gate != nullptr) gate->Exit();
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
         if (absl::Status s = WaitFd(fd, POLLOUT, options, what); !s.ok()) {
           return s;
         }
         continue;
       }
-      return ErrnoStatus(errno, absl::StrCat("sendmsg while ", what));
+      return ErrnoStatus(err, absl::StrCat("sendmsg while ", what));
     }
-    size_t left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov[0].iov_len) {
-      left -= iov[0].iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov[0].iov_base = static_cast<uint8_t*>(iov[0].iov_base) + left;
-      iov[0].iov_len -= left;
-    }
+    Consume(&iov, &count, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -45,6 +46,18 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Brackets every read of memory whose owner may take it back while a sender
+// waits for the peer (a KV pool's blocks at a handoff timeout). Enter() true:
+// the memory may be read until the matching Exit(); false: access is revoked
+// for good and the memory must never be read again. Enter/Exit pairs do not
+// nest and are called from one thread.
+class ReadGate {
+ public:
+  virtual ~ReadGate() = default;
+  virtual bool Enter() = 0;
+  virtual void Exit() = 0;
+};
+
 // Waits until fd has `events` (POLLIN / POLLOUT). `what` names the operation
 // in errors.
 absl::Status WaitFd(int fd, short events, const SocketIoOptions& options,
@@ -56,10 +69,24 @@ absl::Status RecvExact(int fd, std::span<uint8_t> out,
                        const SocketIoOptions& options, absl::string_view what,
                        bool* clean_eof = nullptr);
 
+// Reads exactly the bytes of iov[0..count) (scatter, in order) with recvmsg.
+// on_data, if set, sees every newly filled range right after it lands, in
+// stream order (e.g. to checksum bytes while they are in cache). Modifies the
+// iovec array. Any count (batches of at most IOV_MAX per call).
+absl::Status RecvAllV(
+    int fd, iovec* iov, int count, const SocketIoOptions& options,
+    absl::string_view what,
+    const std::function<void(std::span<const uint8_t>)>& on_data = nullptr);
+
 // Writes every byte of iov[0..count) with sendmsg(MSG_NOSIGNAL), no copies.
-// Modifies the iovec array.
+// Modifies the iovec array. Any count (batches of at most IOV_MAX per call).
+// With a gate, every sendmsg runs between gate->Enter() and gate->Exit()
+// (never a wait for the peer), and a revoked gate ends the send with
+// Cancelled; the stream may then stop mid-frame, so the caller must close
+// the connection.
 absl::Status SendAllV(int fd, iovec* iov, int count,
-                      const SocketIoOptions& options, absl::string_view what);
+                      const SocketIoOptions& options, absl::string_view what,
+                      ReadGate* gate = nullptr);
 
 // Connected non-blocking TCP socket with TCP_NODELAY. `endpoint` is
 // "host:port" (IPv4 dotted quad or a resolvable name).

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 
 namespace baton {
@@ -34,6 +36,21 @@ absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
   iovec iov[2] = {{bytes.data(), bytes.size()},
                   {const_cast<char*>(msg.data()), msg.size()}};
   return SendAllV(fd, iov, 2, io, "sending KV status frame");
+}
+
+// Appends [base, base + len) to iov, merged into the last entry when it
+// continues it (adjacent block ids are adjacent in a layer of the pool).
+void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {
+  if (len == 0) return;
+  void* p = const_cast<void*>(base);
+  if (!iov->empty()) {
+    iovec& last = iov->back();
+    if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == p) {
+      last.iov_len += len;
+      return;
+    }
+  }
+  iov->push_back({p, len});
 }
 
 }  // namespace
@@ -86,6 +103,13 @@ absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
 
 absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
                                     std::span<const uint8_t> payload) {
+  const std::span<const uint8_t> chunks[1] = {payload};
+  return SendLayerChunks(header, chunks, nullptr);
+}
+
+absl::Status TcpKvSender::SendLayerChunks(
+    const KvTransferHeader& header,
+    std::span<const std::span<const uint8_t>> chunks, KvReadGate* gate) {
   if (!error_.ok()) return error_;
   if (done_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -97,10 +121,12 @@ absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
         absl::StrCat("KV header transfer_id ", header.transfer_id,
                      " vs this sender's ", transfer_id_));
   }
-  if (header.payload_bytes != payload.size()) {
+  uint64_t payload_size = 0;
+  for (std::span<const uint8_t> c : chunks) payload_size += c.size();
+  if (header.payload_bytes != payload_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV header payload_bytes ", header.payload_bytes,
-                     " vs payload size ", payload.size()));
+                     " vs payload size ", payload_size));
   }
   if (header.request_id.size() > kKvMaxIdBytes ||
       header.model_id.size() > kKvMaxIdBytes) {
@@ -124,14 +150,19 @@ absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
   f.header = header;
   KvFrameBytes bytes = EncodeKvFrame(f);
   std::string ids = header.request_id + header.model_id;
-  iovec iov[3] = {{bytes.data(), bytes.size()},
-                  {ids.data(), ids.size()},
-                  {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  iov_.clear();
+  iov_.push_back({bytes.data(), bytes.size()});
+  AppendIov(ids.data(), ids.size(), &iov_);
+  for (std::span<const uint8_t> c : chunks) {
+    AppendIov(c.data(), c.size(), &iov_);
+  }
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
-  absl::Status s = SendAllV(fd_.get(), iov, 3, io,
-                            absl::StrCat("sending KV layer ", header.layer,
-                                         " of transfer ", transfer_id_));
+  absl::Status s =
+      SendAllV(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), io,
+               absl::StrCat("sending KV layer ", header.layer, " of transfer ",
+                            transfer_id_),
+               gate);
   if (!s.ok() && absl::IsUnavailable(s)) {
     // The receiver may have said why before closing.
     SocketIoOptions quick;
@@ -142,6 +173,8 @@ absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
       s = verdict;
     }
   }
+  // A revoked gate may leave a frame cut short: Fail closes the connection,
+  // so the receiver sees a disconnect, never a misframed stream.
   if (!s.ok()) return Fail(s);
   return absl::OkStatus();
 }
@@ -301,7 +334,21 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
   std::string request_id;
   std::vector<bool> landed;
   int64_t num_landed = 0;
-  std::vector<uint8_t> staging;
+  std::vector<iovec> iov;
+  std::vector<std::span<uint8_t>> chunks;
+  // Checksum as the payload lands: a chunk is hashed as soon as its last
+  // byte arrived (still in cache).
+  KvChecksummer checksummer;
+  uint64_t received = 0;
+  size_t next_chunk = 0;
+  const std::function<void(std::span<const uint8_t>)> on_slice =
+      [&](std::span<const uint8_t> slice) {
+        received += slice.size();
+        while (next_chunk < chunks.size() &&
+               received >= (next_chunk + 1) * target.cache->chunk_bytes()) {
+          checksummer.AddChunk(chunks[next_chunk++]);
+        }
+      };
   while (true) {
     KvFrameBytes bytes;
     bool eof = false;
@@ -379,23 +426,32 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       return absl::InvalidArgumentError(absl::StrCat(
           "KV transfer ", *transfer_id, ": layer ", h.layer, " sent twice"));
     }
-    staging.resize(h.payload_bytes);
+    // Validated: the payload goes straight into the layer's chunks of the
+    // reserved blocks; each chunk is hashed as soon as it has landed.
+    {
+      std::optional<absl::ReaderMutexLock> lock;
+      if (target.cache_mutex != nullptr) lock.emplace(target.cache_mutex);
+      BATON_ASSIGN_OR_RETURN(chunks, target.cache->MutableLayerChunks(
+                                         *target.table, h.layer, h.num_tokens));
+    }
+    iov.clear();
+    for (std::span<uint8_t> c : chunks) AppendIov(c.data(), c.size(), &iov);
     const std::string what = absl::StrCat("receiving KV layer ", h.layer,
                                           " of transfer ", *transfer_id);
-    BATON_RETURN_IF_ERROR(PrefixStatus(absl::StrCat(progress, ": "),
-                                       RecvExact(fd, staging, io, what)));
-    const uint64_t sum = KvChecksum(staging);
+    checksummer.Reset();
+    received = 0;
+    next_chunk = 0;
+    BATON_RETURN_IF_ERROR(
+        PrefixStatus(absl::StrCat(progress, ": "),
+                     RecvAllV(fd, iov.data(), static_cast<int>(iov.size()), io,
+                              what, on_slice)));
+    BATON_CHECK_EQ(next_chunk, chunks.size());
+    const uint64_t sum = checksummer.Digest();
     if (sum != h.checksum) {
       return absl::DataLossError(
           absl::StrCat("KV transfer ", *transfer_id, " layer ", h.layer,
                        ": checksum mismatch (header 0x", absl::Hex(h.checksum),
                        ", payload 0x", absl::Hex(sum), ")"));
-    }
-    {
-      std::optional<absl::ReaderMutexLock> lock;
-      if (target.cache_mutex != nullptr) lock.emplace(target.cache_mutex);
-      BATON_RETURN_IF_ERROR(target.cache->ImportLayer(*target.table, h.layer,
-                                                      h.num_tokens, staging));
     }
     landed[static_cast<size_t>(h.layer)] = true;
     ++num_landed;

@@ -1,8 +1,11 @@
 // Host KV transport over TCP: one connection per transfer, frames as in
-// kv_wire.h. The sender writes header, ids and the caller's payload with one
-// sendmsg (no copy of the payload); the receiver reads each payload into a
-// per-connection staging buffer, verifies its checksum, then ImportLayer()s
-// it, so a rejected layer never touches the pool.
+// kv_wire.h. The sender writes header, ids and the caller's payload (one
+// buffer, or the pool chunks of a layer) with sendmsg and no copy of the
+// payload. The receiver validates each layer header before any byte of the
+// layer is written, then recvmsg's the payload straight into the reserved
+// table's block chunks, checksumming each slice as it lands; a mismatch
+// fails the transfer (DataLoss) and, as the blocks are reserved but never
+// committed before on_done OK, their bytes are never read (kv_transport.h).
 #ifndef BATON_WORKER_TRANSPORT_TCP_KV_TRANSPORT_H_
 #define BATON_WORKER_TRANSPORT_TCP_KV_TRANSPORT_H_
 
@@ -12,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -47,6 +51,11 @@ class TcpKvSender : public KvSender {
 
   absl::Status SendLayer(const KvTransferHeader& header,
                          std::span<const uint8_t> payload) override;
+  // Sends the chunks in place: one sendmsg iovec per run of adjacent chunks,
+  // each sendmsg under the gate (never a wait for the peer).
+  absl::Status SendLayerChunks(const KvTransferHeader& header,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate* gate) override;
   absl::Status Finish() override;
   void Abort(absl::Status reason) override;
 
@@ -62,8 +71,9 @@ class TcpKvSender : public KvSender {
   UniqueFd fd_;
   uint64_t transfer_id_;
   TcpKvSenderOptions options_;
-  bool done_ = false;   // Finish or Abort called
-  absl::Status error_;  // first error; every later call returns it
+  bool done_ = false;       // Finish or Abort called
+  absl::Status error_;      // first error; every later call returns it
+  std::vector<iovec> iov_;  // SendLayerChunks' iovecs, kept for reuse
 };
 
 struct TcpKvReceiverOptions {
