@@ -30,8 +30,8 @@ cmake --build build -j "$JOBS"
 
 [[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
 SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
-  cluster_services_test worker_service_test kv_transport_test kv_transport_fault_test
-  disaggregation_test disaggregation_fault_test coordinator_core_test)
+  cluster_worker_fault_test cluster_services_test worker_service_test kv_transport_test
+  kv_transport_fault_test disaggregation_test disaggregation_fault_test coordinator_core_test)
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
