@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/service/generate_call_internal.h"
 #include "model/tokenizer/incremental_decoder.h"
 #include "worker/sampler/sampling_params.h"
 #include "worker/sampler/stop_checker.h"
@@ -34,17 +35,6 @@ std::string NewRequestId() {
   static const uint64_t process_tag = DrawSeed() & 0xFFFFFF;
   return absl::StrCat("req-", absl::Hex(process_tag), "-",
                       counter.fetch_add(1));
-}
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view where) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(where, status.error_message()));
-}
-
-absl::Status WorkerError(const WorkerInfo& worker, absl::string_view rpc,
-                         const grpc::Status& status) {
-  return FromGrpc(status, absl::StrCat(rpc, " on worker ", worker.ref.id, " (",
-                                       worker.registration.address, "): "));
 }
 
 v1::WorkerRef ToRef(const WorkerInfo& worker) {
@@ -125,25 +115,6 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
   job.deadline = deadline;
   return job;
 }
-
-class GenerateCall::ScopedContext {
- public:
-  ScopedContext(GenerateCall* call, grpc::ClientContext* context)
-      : call_(call), context_(context) {
-    absl::MutexLock lock(&call_->mu_);
-    call_->contexts_.push_back(context_);
-    if (!call_->abort_.ok()) context_->TryCancel();
-  }
-  ~ScopedContext() {
-    absl::MutexLock lock(&call_->mu_);
-    auto& v = call_->contexts_;
-    v.erase(std::find(v.begin(), v.end(), context_));
-  }
-
- private:
-  GenerateCall* call_;
-  grpc::ClientContext* context_;
-};
 
 void GenerateCall::Start(Cluster* cluster, GenerateJob job,
                          GenerateReactor* reactor) {
@@ -241,128 +212,6 @@ void GenerateCall::EndAttempt() {
   prefill_.reset();
   decode_.reset();
   reservation_.Clear();
-}
-
-absl::Status GenerateCall::Route() {
-  const std::string& model_id = cluster_->model().id();
-  RequestInfo info;
-  info.model_id = model_id;
-  info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
-  info.max_tokens = job_.sampling.max_tokens();
-  const absl::Time queue_deadline =
-      std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
-  absl::Duration backoff = absl::Milliseconds(5);
-  while (true) {
-    if (absl::Status s = aborted(); !s.ok()) return s;
-    const Candidates all = cluster_->RoutingCandidates();
-    // Split serving when a prefill-only worker is up; otherwise colocated
-    // on a `both` worker.
-    const bool split =
-        std::any_of(all.begin(), all.end(), [&](const WorkerInfo& w) {
-          return w.registration.role == WorkerRole::kPrefill &&
-                 w.health == WorkerHealth::kHealthy &&
-                 w.registration.model_id == model_id;
-        });
-    if (!split) return ClaimPrefill(WorkerRole::kBoth, info);
-
-    int64_t blocks = 0;
-    absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, &blocks);
-    if (!decode.ok()) {
-      if (decode.status().code() == absl::StatusCode::kUnavailable &&
-          info.excluded.empty()) {
-        return decode.status();
-      }
-      int64_t largest = 0;
-      int64_t block_size = 0;
-      for (const WorkerInfo& w : all) {
-        if (!CanDecode(w.registration.role) ||
-            w.health != WorkerHealth::kHealthy ||
-            w.registration.model_id != model_id) {
-          continue;
-        }
-        if (w.registration.kv_blocks_total > largest) {
-          largest = w.registration.kv_blocks_total;
-          block_size = w.registration.kv_layout.block_size;
-        }
-      }
-      if (block_size > 0 && DecodeBlocksNeeded(info, block_size) > largest) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "prompt (", info.prompt_tokens, " tokens) + max_tokens (",
-            info.max_tokens, ") needs ", DecodeBlocksNeeded(info, block_size),
-            " KV blocks; the largest decode worker has ", largest));
-      }
-      if (absl::Now() >= queue_deadline) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "no decode worker had room for the request within ",
-            absl::FormatDuration(cluster_->options().queue_timeout), " (",
-            decode.status().message(), ")"));
-      }
-      info.excluded.clear();
-      if (!Backoff(backoff)) continue;
-      backoff = std::min(backoff * 2, absl::Milliseconds(100));
-      continue;
-    }
-    const WorkerInfo target = *decode;
-    auto reserved =
-        cluster_->requests().ReserveDecode(job_.internal_id, target.ref);
-    if (!reserved.ok()) {
-      cluster_->AddDecodeBlocks(target.ref.id, -blocks);
-      return reserved.status();
-    }
-    v1::ReserveKvRequest request;
-    request.set_request_id(job_.internal_id);
-    request.set_model_id(model_id);
-    request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
-    request.set_max_tokens(job_.sampling.max_tokens());
-    request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
-    grpc::ClientContext context;
-    context.set_deadline(
-        std::min(absl::ToChronoTime(job_.deadline),
-                 absl::ToChronoTime(absl::Now() +
-                                    cluster_->options().worker_rpc_timeout)));
-    grpc::Status rpc;
-    {
-      ScopedContext scoped(this, &context);
-      rpc = cluster_->WorkerStub(target.registration.address)
-                ->ReserveKv(&context, request, &reservation_);
-    }
-    if (rpc.ok()) {
-      decode_ = target;
-      decode_blocks_ = blocks;
-      return ClaimPrefill(WorkerRole::kPrefill, info);
-    }
-    cluster_->AddDecodeBlocks(target.ref.id, -blocks);
-    // Aborted: the abort edge frees the reservation (the lease stays).
-    if (absl::Status s = aborted(); !s.ok()) return s;
-    const absl::Status why = WorkerError(target, "ReserveKv", rpc);
-    const grpc::StatusCode code = rpc.error_code();
-    auto refused = cluster_->requests().OnReserveRefused(job_.internal_id,
-                                                         target.ref, why);
-    if (!refused.ok()) return refused.status();
-    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED &&
-        code != grpc::StatusCode::INVALID_ARGUMENT &&
-        code != grpc::StatusCode::FAILED_PRECONDITION) {
-      // The worker may have reserved before the reply was lost.
-      Transition cleanup;
-      cleanup.to = RequestState::kQueued;
-      cleanup.status = why;
-      cleanup.actions.push_back(FreeKv(target.ref, job_.internal_id));
-      cluster_->PerformCleanup(cleanup);
-    }
-    if (IsTerminal(refused->to)) return refused->status;
-    info.excluded.push_back(target.ref.id);
-  }
-}
-
-absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
-                                        const RequestInfo& request) {
-  RequestInfo info = request;
-  info.excluded = excluded_prefill_;
-  absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
-  if (!prefill.ok()) return prefill.status();
-  prefill_ = *prefill;
-  prefill_tokens_added_ = info.prompt_tokens;
-  return absl::OkStatus();
 }
 
 absl::Status GenerateCall::Serve() {
