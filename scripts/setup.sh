@@ -29,6 +29,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libopenblas-dev libxxhash-dev
+  libboost-dev prometheus-cpp-dev
   python3-venv python3-pip unzip
 )
 
@@ -50,8 +51,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
 fi
-PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6)
-if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors, jinja2' 2>/dev/null; then
+PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6
+             matplotlib==3.11.2 openai==3.51.0)
+if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors, jinja2, matplotlib, openai' \
+    2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
