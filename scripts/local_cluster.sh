@@ -12,17 +12,18 @@
 #   --kv_cache_mib=N   KV pool per worker (default 256)
 #   --model=PATH       model file (default: the default model)
 #   --logs=DIR         worker and coordinator logs (default: a new temp dir)
-#   --no-build         use the existing build/bin binaries
+#   --no-build         use the existing binaries
+#   --bin=DIR          the binaries (default build/bin)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
 # BATON_SERVER=HOST:PORT in its environment), then stops the cluster and
 # exits with COMMAND's status.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
-PORT=0 THREADS=1 KV_MIB=256 BUILD=1 LOGS=""
+PORT=0 THREADS=1 KV_MIB=256 BUILD=1 LOGS="" BIN="$ROOT/build/bin"
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=()
 while [[ $# -gt 0 ]]; do
@@ -33,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     --model=*) MODEL="${1#*=}" ;;
     --logs=*) LOGS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
+    --bin=*) BIN="${1#*=}" ;;
     --) shift; COMMAND=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "local_cluster: unknown option '$1'" >&2; usage ;;
@@ -57,7 +59,6 @@ done
 if [[ $BUILD -eq 1 ]]; then
   bash "$ROOT/scripts/build.sh" >&2
 fi
-BIN="$ROOT/build/bin"
 [[ -f "$MODEL" ]] || { echo "local_cluster: no model at $MODEL (run scripts/setup.sh)" >&2; exit 1; }
 [[ -n "$LOGS" ]] || LOGS="$(mktemp -d /tmp/baton-cluster.XXXXXX)"
 mkdir -p "$LOGS"
