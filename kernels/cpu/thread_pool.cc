@@ -94,13 +94,17 @@ void ThreadPool::PartitionRange(int64_t n, int num_parts, int part,
 void ThreadPool::Work() {
   for (;;) {
     uint64_t claim = claim_.load(std::memory_order_acquire);
-    const RangeFn* fn = job_fn_.load(std::memory_order_relaxed);
-    const int64_t n = job_n_.load(std::memory_order_relaxed);
-    const int parts = job_parts_.load(std::memory_order_relaxed);
-    const int part = static_cast<int>(claim & 0xffffffffu);
-    if (fn == nullptr || part >= parts) return;
-    // The claim also checks the generation (high bits), so fields read for a
-    // job that has since been replaced are never used.
+    const int parts = ClaimParts(claim);
+    const int part = ClaimNext(claim);
+    // The range count comes from the claim word itself: a claim of a job
+    // whose ranges are all taken stops here even if the next job's fields
+    // (possibly with more ranges) are already being written.
+    if (part >= parts) return;
+    const RangeFn* fn = job_fn_.load(std::memory_order_acquire);
+    const int64_t n = job_n_.load(std::memory_order_acquire);
+    // The claim fixes the generation: fields read after the job was replaced
+    // make the exchange fail (the acquire loads above order it after every
+    // claim of the old job), so they are never used.
     if (!claim_.compare_exchange_weak(claim, claim + 1,
                                       std::memory_order_acq_rel)) {
       continue;
@@ -148,13 +152,11 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
   std::lock_guard<std::mutex> lock(call_mu_);
   const int parts = static_cast<int>(
       std::min<int64_t>(n, int64_t{num_threads_} * kPartsPerThread));
-  job_fn_.store(&fn, std::memory_order_relaxed);
-  job_n_.store(n, std::memory_order_relaxed);
-  job_parts_.store(parts, std::memory_order_relaxed);
+  job_fn_.store(&fn, std::memory_order_release);
+  job_n_.store(n, std::memory_order_release);
   parts_done_.store(0, std::memory_order_relaxed);
   ++job_generation_;
-  claim_.store(static_cast<uint64_t>(job_generation_) << 32,
-               std::memory_order_release);
+  claim_.store(MakeClaim(job_generation_, parts), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_seq_cst);
   if (sleeping_workers_.load(std::memory_order_seq_cst) != 0) {
     FutexWakeAll(&generation_);
@@ -176,7 +178,7 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
       if (done()) break;
     }
   }
-  job_fn_.store(nullptr, std::memory_order_relaxed);
+  job_fn_.store(nullptr, std::memory_order_release);
 }
 
 }  // namespace baton

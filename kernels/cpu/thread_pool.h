@@ -57,6 +57,19 @@ class ThreadPool {
 
  private:
   static constexpr int kPartsPerThread = 4;
+  static_assert(1024 * kPartsPerThread < (1 << 16),
+                "a job's range count must fit a claim word's 16 bits");
+  // A claim word: job generation (bits 32..63), the job's range count (bits
+  // 16..31; at most 4 * 1024) and its next unclaimed range (bits 0..15).
+  static constexpr uint64_t MakeClaim(uint32_t generation, int parts) {
+    return (uint64_t{generation} << 32) | (static_cast<uint64_t>(parts) << 16);
+  }
+  static constexpr int ClaimParts(uint64_t claim) {
+    return static_cast<int>((claim >> 16) & 0xffff);
+  }
+  static constexpr int ClaimNext(uint64_t claim) {
+    return static_cast<int>(claim & 0xffff);
+  }
 
   explicit ThreadPool(const ThreadPoolOptions& options);
   void WorkerLoop();
@@ -71,11 +84,10 @@ class ThreadPool {
   // The current job; written by the caller before claim_ is published.
   std::atomic<const RangeFn*> job_fn_{nullptr};
   std::atomic<int64_t> job_n_{0};
-  std::atomic<int> job_parts_{0};
   uint32_t job_generation_ = 0;  // caller only, under call_mu_
   std::atomic<bool> stop_{false};
 
-  // (job generation << 32) | next unclaimed range.
+  // MakeClaim(job generation, ranges) + next unclaimed range.
   alignas(64) std::atomic<uint64_t> claim_{0};
   alignas(64) std::atomic<uint32_t> parts_done_{0};
   alignas(64) std::atomic<uint32_t> generation_{0};  // wakes workers
