@@ -94,6 +94,29 @@ TEST(ThreadPoolTest, ManyBackToBackCallsWithSleepingWorkers) {
   }
 }
 
+// Back-to-back jobs whose range count grows (n = 2, then 3 * threads): a
+// worker still finishing job g must never claim a range of job g + 1 before
+// that job is published (it would run the range twice and count it into the
+// wrong job, letting the caller return while a range still runs).
+TEST(ThreadPoolTest, GrowingJobsRunEveryRangeOnceUnderOversubscription) {
+  for (int threads : {3, 4}) {
+    auto pool = MakePool(threads, /*spin_us=*/20);
+    const int64_t big = 3 * threads;
+    std::vector<std::atomic<int>> hits(big);
+    for (int iter = 0; iter < 20000; ++iter) {
+      const int64_t n = iter % 2 == 0 ? 2 : big;
+      for (int64_t i = 0; i < n; ++i) hits[i].store(0);
+      pool->ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[i].load(), 1)
+            << "threads " << threads << " iter " << iter << " index " << i;
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, NestedCallRunsInline) {
   auto pool = MakePool(2);
   std::atomic<int> inner{0};
