@@ -58,6 +58,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
                                                std::move(*registry),
                                                std::move(policy)));
   Cluster* self = cluster.get();
+  cluster->scrape_hook_ = metrics::AddScrapeHook(
+      [self] { self->metrics_->SetWorkers(self->registry_->List()); });
   cluster->sweeper_ = std::thread([self] {
     while (!self->stop_.WaitForNotificationWithTimeout(
         self->options_.sweep_interval)) {
@@ -77,9 +79,13 @@ Cluster::Cluster(const ClusterOptions& options,
       registry_(std::move(registry)),
       policy_(std::move(policy)),
       // Reservations refused are retried until queue_timeout instead.
-      requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}) {}
+      requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}),
+      metrics_(std::make_unique<CoordinatorMetrics>(
+          options.metrics_registry != nullptr ? *options.metrics_registry
+                                              : metrics::Registry())) {}
 
 Cluster::~Cluster() {
+  scrape_hook_.reset();
   Shutdown();
   stop_.Notify();
   sweeper_.join();

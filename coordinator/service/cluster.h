@@ -24,9 +24,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/metrics/metrics.h"
 #include "coordinator/clock.h"
 #include "coordinator/request_state_machine.h"
 #include "coordinator/routing_policy.h"
+#include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/served_model.h"
 #include "coordinator/worker_registry.h"
 
@@ -46,6 +48,9 @@ struct ClusterOptions {
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Deadline of the unary worker RPCs (ReserveKv, Cancel).
   absl::Duration worker_rpc_timeout = absl::Seconds(5);
+  // Where the coordinator's metrics are registered; null: the process-wide
+  // metrics::Registry(). Must outlive the cluster.
+  prometheus::Registry* metrics_registry = nullptr;
 };
 
 // A running request as the sweeper sees it.
@@ -79,6 +84,9 @@ class Cluster {
   WorkerRegistry& registry() { return *registry_; }
   RequestStateMachine& requests() { return requests_; }
   RoutingPolicy& policy() { return *policy_; }
+  // The coordinator's Prometheus metrics (healthy workers are refreshed
+  // from the registry before every collection of the metrics registry).
+  CoordinatorMetrics& metrics() { return *metrics_; }
 
   // The stub of the Worker service at `address` (one channel per address).
   std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
@@ -134,6 +142,8 @@ class Cluster {
   const std::unique_ptr<WorkerRegistry> registry_;
   const std::unique_ptr<RoutingPolicy> policy_;
   RequestStateMachine requests_;
+  const std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<metrics::ScrapeHook> scrape_hook_;  // reads registry_
 
   // Held across a pick and its bookkeeping; taken before mu_.
   absl::Mutex claim_mu_;

@@ -182,8 +182,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto* reactor = new GenerateReactor();
   if (!cluster_->accepting()) {
-    reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                "coordinator shutting down"));
+    const absl::Status refused =
+        absl::UnavailableError("coordinator shutting down");
+    cluster_->metrics().OnRequestRejected(refused);
+    reactor->Close(ToGrpcStatus(refused));
     return reactor;
   }
   const auto deadline = context->deadline();
@@ -194,6 +196,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
           : absl::FromChrono(deadline);
   auto job = PrepareGenerate(cluster_->model(), *request, absl_deadline);
   if (!job.ok()) {
+    cluster_->metrics().OnRequestRejected(job.status());
     reactor->Close(ToGrpcStatus(job.status()));
     return reactor;
   }

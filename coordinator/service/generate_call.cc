@@ -119,6 +119,7 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
 void GenerateCall::Start(Cluster* cluster, GenerateJob job,
                          GenerateReactor* reactor) {
   auto call = std::make_shared<GenerateCall>(cluster, std::move(job), reactor);
+  cluster->metrics().OnRequestStarted();
   cluster->AddCall(call->job_.internal_id, call);
   std::weak_ptr<GenerateCall> weak = call;
   reactor->SetOnCancel([weak] {
@@ -136,7 +137,8 @@ GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
     : cluster_(cluster),
       job_(std::move(job)),
       reactor_(reactor),
-      arrival_(SteadyClock::now()) {}
+      arrival_(SteadyClock::now()),
+      inter_token_(cluster->metrics().NewInterTokenAccumulator()) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -189,7 +191,16 @@ void GenerateCall::Run() {
       Fail(std::move(status));
     }
     EndAttempt();
-    if (!retry) break;
+    if (!retry) {
+      if (!end_recorded_) {
+        // Every path ends in SendResult or Fail; this keeps
+        // baton_requests_active exact if one ever does not.
+        RecordEnd(
+            status.ok() ? absl::InternalError("request ended unseen") : status,
+            v1::FINISH_REASON_UNSPECIFIED);
+      }
+      break;
+    }
     const std::string previous = job_.internal_id;
     job_.internal_id = absl::StrCat(previous, "/retry", attempt);
     cluster_->AddCall(job_.internal_id, shared_from_this());
@@ -245,6 +256,7 @@ absl::Status GenerateCall::Serve() {
   SetDeadline(&prefill_context);
   ScopedContext prefill_scope(this, &prefill_context);
   queue_ms_ = MsBetween(arrival_, SteadyClock::now());
+  prefill_started_ = true;
   auto prefill_reader = cluster_->WorkerStub(prefill_->registration.address)
                             ->Prefill(&prefill_context, prefill_request);
   ReaderGuard<v1::PrefillResponse, grpc::ClientReader<v1::PrefillResponse>>
@@ -310,8 +322,13 @@ absl::Status GenerateCall::Serve() {
       out.mutable_token_ids()->CopyFrom(response.token_ids());
       out.set_text(response.text());
       out.mutable_logprobs()->CopyFrom(response.logprobs());
+      const SteadyClock::time_point now = SteadyClock::now();
+      if (const int k = response.token_ids_size(); k > 0) {
+        inter_token_.Add(MsBetween(last_token_time_, now) / 1e3 / k, k);
+        cluster_->metrics().OnTokens(k);
+      }
       completion_tokens_ += response.token_ids_size();
-      last_token_time_ = SteadyClock::now();
+      last_token_time_ = now;
       reactor_->Push(std::move(out));
     }
     if (response.has_result()) {
@@ -363,6 +380,10 @@ void GenerateCall::SendFirstToken(const v1::PrefillFirstToken& first) {
   first_token_time_ = last_token_time_ = SteadyClock::now();
   ttft_ms_ = MsBetween(arrival_, first_token_time_);
   streamed_ = true;
+  CoordinatorMetrics& metrics = cluster_->metrics();
+  metrics.OnFirstToken(ttft_ms_ / 1e3,
+                       static_cast<int64_t>(job_.prompt.size()));
+  metrics.OnTokens(1);
   reactor_->Push(std::move(out));
 }
 
@@ -406,8 +427,25 @@ void GenerateCall::SendResult(const v1::DecodeResult& decoded) {
     result->set_stop_string(decoded.stop_string());
   }
   reactor_->Push(std::move(out));
+  RecordEnd(absl::OkStatus(), decoded.finish_reason());
   reactor_->Close(grpc::Status::OK);
   reactor_ = nullptr;
+}
+
+void GenerateCall::RecordEnd(const absl::Status& status,
+                             v1::FinishReason reason) {
+  if (end_recorded_) return;
+  end_recorded_ = true;
+  FinishedRequest finished;
+  finished.status = RequestStatusLabel(status, reason);
+  finished.e2e_s = MsBetween(arrival_, SteadyClock::now()) / 1e3;
+  if (prefill_started_) finished.queue_s = queue_ms_ / 1e3;
+  finished.completion_tokens = completion_tokens_;
+  if (completion_tokens_ > 0) {
+    finished.first_to_last_token_s =
+        MsBetween(first_token_time_, last_token_time_) / 1e3;
+  }
+  cluster_->metrics().OnRequestFinished(finished, &inter_token_);
 }
 
 void GenerateCall::AbortInStateMachine(const absl::Status& why) {
@@ -439,6 +477,7 @@ void GenerateCall::Fail(absl::Status why) {
     }
   }
   AbortInStateMachine(why);
+  RecordEnd(why, v1::FINISH_REASON_UNSPECIFIED);
   if (reactor_ == nullptr) return;
   if (!streamed_) {
     reactor_->Close(ToGrpcStatus(why));

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/api.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/metrics/histogram_accumulator.h"
 #include "coordinator/service/cluster.h"
 #include "worker/service/stream_reactor.h"
 
@@ -103,6 +104,10 @@ class GenerateCall final : public CallHandle,
   void Fail(absl::Status why);
   void SendFirstToken(const v1::PrefillFirstToken& first);
   void SendResult(const v1::DecodeResult& result);
+  // Records the request's end in the cluster's metrics (once; before the
+  // client's stream is closed, so a client that saw the end sees it
+  // counted).
+  void RecordEnd(const absl::Status& status, v1::FinishReason reason);
   v1::GenerateResult BaseResult() const;
   // Sleeps up to `d`; false if the call was aborted meanwhile.
   bool Backoff(absl::Duration d);
@@ -132,6 +137,9 @@ class GenerateCall final : public CallHandle,
   SteadyClock::time_point first_token_time_;
   SteadyClock::time_point last_token_time_;
   v1::PrefillHandoff handoff_;
+  bool prefill_started_ = false;  // queue_ms_ is set
+  bool end_recorded_ = false;
+  metrics::HistogramAccumulator inter_token_;  // gaps between tokens
 
   mutable absl::Mutex mu_;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);

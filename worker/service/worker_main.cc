@@ -2,8 +2,10 @@
 //   baton-worker --role=prefill|decode|both --listen=127.0.0.1:PORT
 //                --model=PATH [--threads=N] [--kv_cache_mib=M]
 //                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
+//                [--metrics_listen=HOST:PORT]
 // Serves the health service and reflection as well; with --coordinator it
-// registers and heartbeats, retrying while the coordinator is unreachable.
+// registers and heartbeats, retrying while the coordinator is unreachable;
+// with --metrics_listen it serves Prometheus metrics at GET /metrics.
 // Stops on SIGINT / SIGTERM.
 #include <grpcpp/grpcpp.h>
 
@@ -23,6 +25,7 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "cli/model_bundle.h"
 #include "common/grpc/serving.h"
+#include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/service/proto_convert.h"
@@ -38,6 +41,9 @@ ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
           "host:port of the TCP KV receiver (decode and both roles)");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator; empty: run standalone");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus metrics at GET /metrics (port 0: any "
+          "free port); empty: no metrics listener");
 
 namespace baton {
 namespace {
@@ -221,6 +227,16 @@ int Main() {
     Log(absl::StrCat("--listen: ", s.message()));
     return 2;
   }
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    std::string metrics_host;
+    int metrics_port = 0;
+    if (absl::Status s = SplitHostPort(listen, &metrics_host, &metrics_port);
+        !s.ok()) {
+      Log(absl::StrCat("--metrics_listen: ", s.message()));
+      return 2;
+    }
+  }
   if (absl::GetFlag(FLAGS_threads) < 1 ||
       absl::GetFlag(FLAGS_kv_cache_mib) < 1) {
     Log("--threads and --kv_cache_mib must be >= 1");
@@ -273,6 +289,21 @@ int Main() {
               (*service)->kv_endpoint().c_str(), options.model_id.c_str());
   std::fflush(stdout);
 
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    auto started = metrics::StartMetricsServer(listen);
+    if (!started.ok()) {
+      Log(absl::StrCat("--metrics_listen: ", started.status().ToString()));
+      server->Shutdown(std::chrono::system_clock::now());
+      return 1;
+    }
+    metrics_server = std::move(*started);
+    std::printf("baton-worker metrics on %s\n",
+                metrics_server->address().c_str());
+    std::fflush(stdout);
+  }
+
   std::unique_ptr<Registrar> registrar;
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
     v1::RegisterWorkerRequest request;
@@ -291,6 +322,7 @@ int Main() {
 
   Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
   registrar.reset();
+  metrics_server.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service->reset();
   engine->reset();
@@ -304,7 +336,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "baton-worker --role=prefill|decode|both --listen=HOST:PORT "
       "--model=PATH [--threads=N] [--kv_cache_mib=M] [--kv_listen=HOST:PORT] "
-      "[--coordinator=HOST:PORT]");
+      "[--coordinator=HOST:PORT] [--metrics_listen=HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
   return baton::Main();
 }

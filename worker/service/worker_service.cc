@@ -27,12 +27,15 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
     TcpKvReceiverOptions receiver_options;
     receiver_options.host = options.kv_host;
     receiver_options.port = options.kv_port;
-    auto receiver =
-        TcpKvReceiver::Start(receiver_options, engine->ImportCallbacks());
+    auto receiver = TcpKvReceiver::Start(receiver_options,
+                                         service->MeteredImportCallbacks());
     if (!receiver.ok()) return receiver.status();
     service->receiver_ = std::move(*receiver);
   }
   service->loop_ = std::make_unique<EngineLoop>(engine);
+  WorkerService* self = service.get();
+  service->scrape_hook_ =
+      metrics::AddScrapeHook([self] { self->RefreshMetrics(); });
   BATON_TSAN_RELEASE(service.get());  // handed to gRPC's threads
   return service;
 }
@@ -43,9 +46,14 @@ WorkerService::WorkerService(const WorkerServiceOptions& options,
       engine_(engine),
       // Transfer ids from different worker lifetimes should not collide.
       next_transfer_id_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())
-                        << 8) {}
+                        << 8),
+      metrics_(std::make_unique<WorkerMetrics>(
+          options.metrics_registry != nullptr ? *options.metrics_registry
+                                              : metrics::Registry(),
+          WorkerRoleLabel(options.role))) {}
 
 WorkerService::~WorkerService() {
+  scrape_hook_.reset();
   receiver_.reset();
   loop_.reset();
   absl::MutexLock lock(&mu_);
@@ -130,6 +138,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
     return StartLocalRequest(std::move(generation), reactor);
   }();
   if (!status.ok()) {
+    RecordEnd("prefill", status);
     reactor->Close(ToGrpcStatus(status));
   } else {
     loop_->Wake();
@@ -158,6 +167,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
                      "' is not a transfer id from ReserveKv"));
   }
   const std::string id = generation.id;
+  const int64_t prompt_tokens = static_cast<int64_t>(generation.prompt.size());
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
   PrefillOptions prefill_options;
@@ -169,11 +179,20 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
     running_.insert(id);
   }
   reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  queued_prefill_tokens_ += prompt_tokens;
+  // Engine thread only: the prompt has been prefilled.
+  auto prefilled = std::make_shared<bool>(false);
   absl::Status status = engine_->SubmitPrefill(
       std::move(generation), std::move(prefill_options),
-      [this, reactor, id, num_layers, arrival](const PrefillOutput& out) {
+      [this, reactor, id, num_layers, arrival, prompt_tokens,
+       prefilled](const PrefillOutput& out) {
         if (!out.done) {
           if (!out.first_token.has_value()) return;
+          if (!*prefilled) {
+            *prefilled = true;
+            queued_prefill_tokens_ -= prompt_tokens;
+            metrics_->OnPrefilled(prompt_tokens);
+          }
           v1::PrefillResponse response;
           v1::PrefillFirstToken* first = response.mutable_first_token();
           first->set_token_id(out.first_token->token);
@@ -189,7 +208,10 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
           absl::MutexLock lock(&mu_);
           running_.erase(id);
         }
+        if (!*prefilled) queued_prefill_tokens_ -= prompt_tokens;
         if (out.finish_reason != FinishReason::kNone) {
+          metrics_->OnRequestEnded(
+              "prefill", EndStatusLabel(out.finish_reason, out.error));
           reactor->Close(ToGrpcStatus(
               StatusOfEnd(out.finish_reason, out.error, "prefill")));
           return;
@@ -201,10 +223,13 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         handoff->set_kv_transfer_ms(out.handoff.transfer_s * 1e3);
         handoff->set_kv_transfer_exposed_ms(out.handoff.tail_s * 1e3);
         handoff->set_layers_sent(num_layers);
+        metrics_->OnKvSent(out.handoff.kv_bytes, out.handoff.transfer_s);
+        metrics_->OnRequestEnded("prefill", "ok");
         reactor->Push(std::move(response));
         reactor->Close(grpc::Status::OK);
       });
   if (!status.ok()) {
+    queued_prefill_tokens_ -= prompt_tokens;
     absl::MutexLock lock(&mu_);
     running_.erase(id);
   }
@@ -215,6 +240,7 @@ absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
                                               PrefillReactor* reactor) {
   auto local = std::make_shared<LocalRequest>();
   local->id = generation.id;
+  local->prompt_tokens = static_cast<int64_t>(generation.prompt.size());
   local->prefill = reactor;
   local->arrival = SteadyClock::now();
   {
@@ -227,10 +253,12 @@ absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
   }
   const std::string id = local->id;
   reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  queued_prefill_tokens_ += local->prompt_tokens;
   absl::Status status = engine_->Submit(
       std::move(generation),
       [this, local](const RequestOutput& out) { OnLocalOutput(local, out); });
   if (!status.ok()) {
+    queued_prefill_tokens_ -= local->prompt_tokens;
     absl::MutexLock lock(&mu_);
     locals_.erase(id);
   }
@@ -241,8 +269,16 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
                                   const RequestOutput& out) {
   const bool final = out.finish_reason != FinishReason::kNone;
   absl::MutexLock lock(&mu_);
+  if (local->prefill == nullptr) {
+    metrics_->OnDecodeTokens(static_cast<int64_t>(out.tokens.size()));
+  } else if (!out.tokens.empty() || final) {
+    queued_prefill_tokens_ -= local->prompt_tokens;
+  }
   if (local->prefill != nullptr) {
     if (!out.tokens.empty()) {
+      metrics_->OnPrefilled(local->prompt_tokens);
+      metrics_->OnRequestEnded("prefill", "ok");
+      metrics_->OnDecodeTokens(static_cast<int64_t>(out.tokens.size()) - 1);
       v1::PrefillResponse first;
       v1::PrefillFirstToken* token = first.mutable_first_token();
       token->set_token_id(out.tokens[0].token);
@@ -259,12 +295,18 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
       local->prefill = nullptr;
     } else if (final) {
       // Ended before its first token: nothing for a Decode to continue.
+      metrics_->OnRequestEnded("prefill",
+                               EndStatusLabel(out.finish_reason, out.error));
       local->prefill->Close(
           ToGrpcStatus(StatusOfEnd(out.finish_reason, out.error, "request")));
       local->prefill = nullptr;
       locals_.erase(local->id);
       return;
     }
+  }
+  if (final) {
+    metrics_->OnRequestEnded("decode",
+                             EndStatusLabel(out.finish_reason, out.error));
   }
   if (local->decode != nullptr) {
     local->decode->Forward(out);
@@ -276,73 +318,6 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
     if (local->decode != nullptr || local->cancelled) locals_.erase(local->id);
   }
 }
-
-grpc::ServerUnaryReactor* WorkerService::ReserveKv(
-    grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
-    v1::ReserveKvResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
-  if (options_.role == v1::WORKER_ROLE_PREFILL) {
-    return FinishUnary(context, absl::FailedPreconditionError(
-                                    "ReserveKv: this worker has the prefill "
-                                    "role and receives no KV"));
-  }
-  const std::string& id = request->request_id();
-  if (id.empty()) {
-    return FinishUnary(context,
-                       absl::InvalidArgumentError("request_id: required"));
-  }
-  if (!options_.model_id.empty() && !request->model_id().empty() &&
-      request->model_id() != options_.model_id) {
-    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
-                                    "model_id: '", request->model_id(),
-                                    "' differs from this worker's '",
-                                    options_.model_id, "'")));
-  }
-  if (request->has_kv_layout() &&
-      !LayoutEquals(request->kv_layout(), engine_->kv_cache().layout())) {
-    return FinishUnary(
-        context,
-        absl::InvalidArgumentError(absl::StrCat(
-            "kv_layout: ", request->kv_layout().ShortDebugString(),
-            " differs from this worker's ",
-            ToProto(engine_->kv_cache().layout()).ShortDebugString())));
-  }
-  if (request->num_prompt_tokens() < 1) {
-    return FinishUnary(context,
-                       absl::InvalidArgumentError(absl::StrCat(
-                           "num_prompt_tokens: ", request->num_prompt_tokens(),
-                           " must be >= 1")));
-  }
-  const uint64_t transfer_id = next_transfer_id_.fetch_add(1);
-  {
-    absl::MutexLock lock(&mu_);
-    if (imports_.contains(id) || locals_.contains(id)) {
-      return FinishUnary(context,
-                         absl::InvalidArgumentError(absl::StrCat(
-                             "request_id: '", id, "' already holds KV here")));
-    }
-    imports_[id].transfer_id = transfer_id;
-  }
-  ImportOptions import;
-  import.transfer_id = transfer_id;
-  import.num_prompt_tokens = request->num_prompt_tokens();
-  import.max_tokens = request->max_tokens();
-  import.on_landed = [ this, id ](absl::Status status) {
-    OnLanded(id, std::move(status));
-};
-absl::StatusOr<ImportReservation> reservation =
-    engine_->ReserveImport(id, import);
-if (!reservation.ok()) {
-  absl::MutexLock lock(&mu_);
-  imports_.erase(id);
-  return FinishUnary(context, reservation.status());
-}
-response->set_transfer_id(absl::StrCat(transfer_id));
-response->mutable_endpoint()->set_transport(v1::KV_TRANSPORT_HOST_TCP);
-response->mutable_endpoint()->set_address(receiver_->endpoint());
-response->set_blocks_reserved(reservation->num_blocks);
-return FinishUnary(context, absl::OkStatus());
-}  // namespace baton
 
 bool WorkerService::CancelRequest(const std::string& request_id,
                                   const std::string& /*reason*/) {
@@ -364,6 +339,7 @@ bool WorkerService::CancelRequest(const std::string& request_id,
     }
   }
   if (waiting != nullptr) {
+    RecordEnd("decode", absl::CancelledError("request cancelled"));
     waiting->Close(grpc::Status(grpc::StatusCode::CANCELLED,
                                 "request cancelled on the worker"));
   }

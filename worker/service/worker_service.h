@@ -28,9 +28,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/metrics/metrics.h"
 #include "worker/engine/engine.h"
 #include "worker/service/engine_loop.h"
 #include "worker/service/stream_reactor.h"
+#include "worker/service/worker_metrics.h"
 #include "worker/transport/tcp_kv_transport.h"
 
 namespace baton {
@@ -45,6 +47,9 @@ struct WorkerServiceOptions {
   int kv_port = 0;
   // A prefill's handoff fails (and frees its blocks) after this long.
   std::chrono::milliseconds handoff_timeout{30000};
+  // Where the worker's metrics are registered (labelled with the role);
+  // null: the process-wide metrics::Registry(). Must outlive the service.
+  prometheus::Registry* metrics_registry = nullptr;
 };
 
 class DecodeStream;
@@ -74,6 +79,11 @@ class WorkerService final : public v1::Worker::CallbackService {
   // Frees every lease of request_id here, as the Cancel RPC does; returns
   // whether the request was known.
   bool CancelRequest(const std::string& request_id, const std::string& reason);
+  // The worker's Prometheus metrics; their gauges are refreshed from the
+  // engine before every collection of the metrics registry (and by
+  // RefreshMetrics).
+  WorkerMetrics& metrics() { return *metrics_; }
+  void RefreshMetrics();
 
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context,
@@ -107,7 +117,21 @@ class WorkerService final : public v1::Worker::CallbackService {
     std::chrono::steady_clock::time_point waiting_since;
   };
 
+  // A KV import seen by the receiver: when its first frame arrived and the
+  // bytes it carries.
+  struct InboundTransfer {
+    std::chrono::steady_clock::time_point start;
+    uint64_t bytes = 0;
+  };
+
   WorkerService(const WorkerServiceOptions& options, Engine* engine);
+
+  // The engine's import callbacks, also measuring each transfer
+  // (worker_service_metrics.cc).
+  KvReceiverCallbacks MeteredImportCallbacks();
+  // Records how a Prefill / Decode stream that never reached the engine
+  // (or ended outside it) ended.
+  void RecordEnd(absl::string_view phase, const absl::Status& status);
 
   absl::Status StartSplitPrefill(const v1::PrefillRequest& request,
                                  GenerationRequest generation,
@@ -135,6 +159,14 @@ class WorkerService final : public v1::Worker::CallbackService {
   std::unique_ptr<TcpKvReceiver> receiver_;
   std::unique_ptr<EngineLoop> loop_;
   std::atomic<uint64_t> next_transfer_id_;
+  const std::unique_ptr<WorkerMetrics> metrics_;
+  // Prompt tokens submitted whose prefill has not finished.
+  std::atomic<int64_t> queued_prefill_tokens_{0};
+  std::unique_ptr<metrics::ScrapeHook> scrape_hook_;
+
+  absl::Mutex inbound_mu_;
+  absl::flat_hash_map<uint64_t, InboundTransfer> inbound_
+      ABSL_GUARDED_BY(inbound_mu_);
 
   absl::Mutex mu_;
   v1::WorkerRef ref_ ABSL_GUARDED_BY(mu_);

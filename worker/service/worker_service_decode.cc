@@ -1,5 +1,5 @@
-// The decode half of WorkerService: imports landing, Decode streams, and
-// starting an imported sequence on the engine.
+// The decode half of WorkerService: KV reservations, imports landing, Decode
+// streams, and starting an imported sequence on the engine.
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -30,11 +30,80 @@ void WorkerService::OnLanded(const std::string& request_id,
     imports_.erase(it);
   }
   if (!status.ok()) {
-    waiting->Close(ToGrpcStatus(absl::AbortedError(
-        absl::StrCat("KV transfer failed: ", status.message()))));
+    const absl::Status failed = absl::AbortedError(
+        absl::StrCat("KV transfer failed: ", status.message()));
+    RecordEnd("decode", failed);
+    waiting->Close(ToGrpcStatus(failed));
     return;
   }
   StartImportedDecode(request, waiting, since);
+}
+
+grpc::ServerUnaryReactor* WorkerService::ReserveKv(
+    grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
+    v1::ReserveKvResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  if (options_.role == v1::WORKER_ROLE_PREFILL) {
+    return FinishUnary(context, absl::FailedPreconditionError(
+                                    "ReserveKv: this worker has the prefill "
+                                    "role and receives no KV"));
+  }
+  const std::string& id = request->request_id();
+  if (id.empty()) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError("request_id: required"));
+  }
+  if (!options_.model_id.empty() && !request->model_id().empty() &&
+      request->model_id() != options_.model_id) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "model_id: '", request->model_id(),
+                                    "' differs from this worker's '",
+                                    options_.model_id, "'")));
+  }
+  if (request->has_kv_layout() &&
+      !LayoutEquals(request->kv_layout(), engine_->kv_cache().layout())) {
+    return FinishUnary(
+        context,
+        absl::InvalidArgumentError(absl::StrCat(
+            "kv_layout: ", request->kv_layout().ShortDebugString(),
+            " differs from this worker's ",
+            ToProto(engine_->kv_cache().layout()).ShortDebugString())));
+  }
+  if (request->num_prompt_tokens() < 1) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "num_prompt_tokens: ", request->num_prompt_tokens(),
+                           " must be >= 1")));
+  }
+  const uint64_t transfer_id = next_transfer_id_.fetch_add(1);
+  {
+    absl::MutexLock lock(&mu_);
+    if (imports_.contains(id) || locals_.contains(id)) {
+      return FinishUnary(context,
+                         absl::InvalidArgumentError(absl::StrCat(
+                             "request_id: '", id, "' already holds KV here")));
+    }
+    imports_[id].transfer_id = transfer_id;
+  }
+  ImportOptions import_options;
+  import_options.transfer_id = transfer_id;
+  import_options.num_prompt_tokens = request->num_prompt_tokens();
+  import_options.max_tokens = request->max_tokens();
+  import_options.on_landed = [this, id](absl::Status status) {
+    OnLanded(id, std::move(status));
+  };
+  absl::StatusOr<ImportReservation> reservation =
+      engine_->ReserveImport(id, import_options);
+  if (!reservation.ok()) {
+    absl::MutexLock lock(&mu_);
+    imports_.erase(id);
+    return FinishUnary(context, reservation.status());
+  }
+  response->set_transfer_id(absl::StrCat(transfer_id));
+  response->mutable_endpoint()->set_transport(v1::KV_TRANSPORT_HOST_TCP);
+  response->mutable_endpoint()->set_address(receiver_->endpoint());
+  response->set_blocks_reserved(reservation->num_blocks);
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
@@ -45,8 +114,10 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
   const std::string id = request->request_id();
   const SteadyClock::time_point arrival = SteadyClock::now();
   if (id.empty()) {
-    reactor->Close(
-        ToGrpcStatus(absl::InvalidArgumentError("request_id: required")));
+    const absl::Status invalid =
+        absl::InvalidArgumentError("request_id: required");
+    RecordEnd("decode", invalid);
+    reactor->Close(ToGrpcStatus(invalid));
     return reactor;
   }
   reactor->SetOnCancel([this, id] { CancelRequest(id, "decode cancelled"); });
@@ -55,7 +126,10 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     absl::MutexLock lock(&mu_);
     absl::Status status = AttachDecodeLocked(*request, reactor, arrival);
     if (status.code() != absl::StatusCode::kAlreadyExists) {
-      if (!status.ok()) reactor->Close(ToGrpcStatus(status));
+      if (!status.ok()) {
+        RecordEnd("decode", status);
+        reactor->Close(ToGrpcStatus(status));
+      }
       return reactor;
     }
     // kAlreadyExists: the import has landed; start outside the lock.
@@ -64,8 +138,10 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     imports_.erase(it);
   }
   if (!landed.ok()) {
-    reactor->Close(ToGrpcStatus(absl::AbortedError(
-        absl::StrCat("KV transfer failed: ", landed.message()))));
+    const absl::Status failed = absl::AbortedError(
+        absl::StrCat("KV transfer failed: ", landed.message()));
+    RecordEnd("decode", failed);
+    reactor->Close(ToGrpcStatus(failed));
   } else {
     StartImportedDecode(*request, reactor, arrival);
   }
@@ -135,6 +211,7 @@ void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
   if (!status.ok()) {
     // The reservation must not outlive a Decode that cannot start.
     engine_->Cancel(generation.id);
+    RecordEnd("decode", status);
     reactor->Close(ToGrpcStatus(status));
     return;
   }
@@ -150,6 +227,11 @@ void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
   status = engine_->StartImportedDecode(
       std::move(generation), std::move(generated),
       [this, stream, id](const RequestOutput& out) {
+        metrics_->OnDecodeTokens(static_cast<int64_t>(out.tokens.size()));
+        if (out.finish_reason != FinishReason::kNone) {
+          metrics_->OnRequestEnded(
+              "decode", EndStatusLabel(out.finish_reason, out.error));
+        }
         if (stream->Forward(out)) {
           absl::MutexLock lock(&mu_);
           running_.erase(id);
@@ -161,6 +243,7 @@ void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
       running_.erase(id);
     }
     engine_->Cancel(id);
+    RecordEnd("decode", status);
     reactor->Close(ToGrpcStatus(status));
     return;
   }

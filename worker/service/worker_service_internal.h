@@ -111,6 +111,7 @@ class DecodeStream {
 // WorkerService::mu_.
 struct LocalRequest {
   std::string id;
+  int64_t prompt_tokens = 0;
   StreamReactor<v1::PrefillResponse>* prefill = nullptr;  // until first token
   SteadyClock::time_point arrival;
   std::vector<RequestOutput> buffered;  // output before Decode attached

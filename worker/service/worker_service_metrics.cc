@@ -1,0 +1,57 @@
+// WorkerService's metrics: gauges from the engine, KV imports measured at
+// the receiver, and stream ends that never reached the engine.
+#include <utility>
+
+#include "common/metrics/metrics.h"
+#include "worker/service/worker_service.h"
+#include "worker/service/worker_service_internal.h"
+
+namespace baton {
+
+void WorkerService::RefreshMetrics() {
+  metrics_->Refresh(engine_->stats(), queued_prefill_tokens_.load(),
+                    SteadyClock::now());
+}
+
+void WorkerService::RecordEnd(absl::string_view phase,
+                              const absl::Status& status) {
+  metrics_->OnRequestEnded(phase, metrics::StatusCodeLabel(status.code()));
+}
+
+KvReceiverCallbacks WorkerService::MeteredImportCallbacks() {
+  KvReceiverCallbacks callbacks = engine_->ImportCallbacks();
+  callbacks.lookup =
+      [this, lookup = std::move(callbacks.lookup)](
+          uint64_t transfer_id) -> absl::StatusOr<KvTransferTarget> {
+    absl::StatusOr<KvTransferTarget> target = lookup(transfer_id);
+    if (target.ok() && target->cache != nullptr) {
+      InboundTransfer inbound;
+      inbound.start = SteadyClock::now();
+      inbound.bytes = target->cache->LayerBytesForTokens(target->num_tokens) *
+                      static_cast<uint64_t>(target->expected_layout.num_layers);
+      absl::MutexLock lock(&inbound_mu_);
+      inbound_[transfer_id] = inbound;
+    }
+    return target;
+  };
+  callbacks.on_done = [this, on_done = std::move(callbacks.on_done)](
+                          uint64_t transfer_id, absl::Status status) {
+    {
+      absl::MutexLock lock(&inbound_mu_);
+      auto it = inbound_.find(transfer_id);
+      if (it != inbound_.end()) {
+        if (status.ok()) {
+          metrics_->OnKvReceived(it->second.bytes,
+                                 std::chrono::duration<double>(
+                                     SteadyClock::now() - it->second.start)
+                                     .count());
+        }
+        inbound_.erase(it);
+      }
+    }
+    on_done(transfer_id, std::move(status));
+  };
+  return callbacks;
+}
+
+}  // namespace baton
