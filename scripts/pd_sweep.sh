@@ -25,11 +25,12 @@
 #   --bin=DIR              Baton binaries [build/bin]
 #   --no-build             use the existing binaries
 # Every point's baton-bench JSON lands in OUT/raw/SHAPE-rRATE.json; the
-# report is OUT/summary.md, OUT/points.csv and OUT/*.png.
+# report is OUT/summary.md, OUT/points.csv and OUT/*.png; OUT/loadavg.txt
+# has the host's load average at the start and end of every point.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 SHAPES=2C,1P1D TOTAL_THREADS=2 RATES=0.5,1,2 INPUT_LEN=512 OUTPUT_LEN=32
 NUM_PROMPTS=24 MAX_DURATION=300 GOODPUT="ttft:2000 tpot:100" KV_MIB=256
 SEED=0 BENCH_CPUS="" WARMUP=2 OUT="" TITLE="" BIN="$ROOT/build/bin" BUILD=1
@@ -110,7 +111,9 @@ run_points() {
   fi
   local rate status failed=0
   for rate in "${RATE_LIST[@]}"; do
-    echo "pd_sweep: $shape at $rate req/s (${NUM_PROMPTS} requests)" >&2
+    echo "pd_sweep: $shape at $rate req/s (${NUM_PROMPTS} requests;" \
+      "load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    echo "$shape $rate start $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/loadavg.txt"
     set +e
     "$BIN/baton-bench" --server="$BATON_SERVER" "${COMMON[@]}" --num-prompts="$NUM_PROMPTS" \
       --request-rate="$rate" --max-duration-s="$MAX_DURATION" --save-result \
@@ -118,6 +121,7 @@ run_points() {
       >"$OUT/logs/$shape-r$rate.txt" 2>&1
     status=$?
     set -e
+    echo "$shape $rate end $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/loadavg.txt"
     # 0: all completed; 3: some failed or were cut by the time limit (saved).
     if [[ $status -ne 0 && $status -ne 3 ]]; then
       echo "pd_sweep: $shape at $rate req/s: baton-bench exited $status" \
