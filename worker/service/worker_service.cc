@@ -80,6 +80,8 @@ void WorkerService::SetWorkerRef(const std::string& worker_id,
 v1::WorkerLoad WorkerService::Load() {
   const EngineStats stats = engine_->stats();
   v1::WorkerLoad load;
+  load.set_queued_prefill_tokens(
+      std::max<int64_t>(0, queued_prefill_tokens_.load()));
   load.set_running_sequences(static_cast<int32_t>(stats.num_running));
   load.set_waiting_requests(static_cast<int32_t>(stats.num_waiting));
   load.set_kv_blocks_free(stats.kv_blocks_free);

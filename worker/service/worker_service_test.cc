@@ -429,6 +429,8 @@ TEST_F(WorkerServiceTest, CancelFreesBlocks) {
   }
   load = both->WaitAllFree();
   EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+  // The heartbeat's queued prefill tokens drain with the requests.
+  EXPECT_EQ(load.queued_prefill_tokens(), 0);
   // Idempotent: a second cancel of the same id is OK and finds nothing.
   v1::CancelRequest cancel;
   cancel.set_request_id("reserved-1");
