@@ -30,6 +30,9 @@ struct LocalClusterOptions {
   int lease_ttl_ms = 1000;
   // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
   std::vector<std::string> coordinator_flags;
+  // Serve the OpenAI-compatible HTTP API too (--http_listen=127.0.0.1:0);
+  // its address is http_address().
+  bool http = false;
   // Register the workers and wait until all are healthy.
   bool wait_healthy = true;
 };
@@ -51,6 +54,8 @@ class LocalCluster {
   ~LocalCluster();
 
   const std::string& address() const { return address_; }
+  // "127.0.0.1:PORT" of the HTTP API; empty unless options.http.
+  const std::string& http_address() const { return http_address_; }
   v1::Baton::Stub& baton() { return *baton_; }
   std::vector<Worker>& workers() { return workers_; }
 
@@ -74,6 +79,7 @@ class LocalCluster {
 
   std::unique_ptr<ChildProcess> coordinator_;
   std::string address_;
+  std::string http_address_;
   std::unique_ptr<v1::Baton::Stub> baton_;
   std::vector<Worker> workers_;
 };

@@ -1,0 +1,162 @@
+// Why Boost.Beast on Boost.Asio: the OpenAI front door must hold thousands
+// of idle keep-alive connections and long Server-Sent-Event streams to
+// clients that read at any speed. Beast's asynchronous HTTP/1.1 parser and
+// serializer over Asio strands give exactly that with no thread per
+// connection: an idle connection is a socket and a buffer, an SSE stream is
+// plain chunked writes queued on its own connection, and a slow reader only
+// grows its own queue. It is header-only (Debian libboost-dev), and its
+// parser enforces body and header limits before buffering a body.
+#include "coordinator/http/http_server.h"
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/http/http_session.h"
+
+namespace baton::http {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = boost::asio::ip::tcp;
+
+struct HostPort {
+  std::string host;
+  std::string port;
+};
+
+absl::StatusOr<HostPort> SplitHostPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HTTP listen address must be HOST:PORT, got '", listen, "'"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return HostPort{host, listen.substr(colon + 1)};
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const HttpServerOptions& o, HttpHandler h)
+      : options(o),
+        handler(std::move(h)),
+        acceptor(asio::make_strand(io)),
+        retry_timer(acceptor.get_executor()) {}
+
+  void Accept() {
+    acceptor.async_accept(
+        asio::make_strand(io),
+        [this](boost::system::error_code ec, tcp::socket socket) {
+          if (!acceptor.is_open()) return;
+          if (!ec) {
+            std::make_shared<HttpSession>(std::move(socket), options, handler,
+                                          busy)
+                ->Run();
+            return Accept();
+          }
+          // Out of descriptors and the like: try again shortly instead of
+          // spinning.
+          retry_timer.expires_after(std::chrono::milliseconds(50));
+          retry_timer.async_wait([this](boost::system::error_code) {
+            if (acceptor.is_open()) Accept();
+          });
+        });
+  }
+
+  const HttpServerOptions options;
+  const HttpHandler handler;
+  // Before `io`: sessions destroyed with it still count themselves out.
+  std::atomic<int> busy{0};
+  std::atomic<bool> accepting{true};
+  asio::io_context io;
+  tcp::acceptor acceptor;
+  asio::steady_timer retry_timer;
+  std::vector<std::thread> threads;
+  std::string address;
+  bool stopped = false;
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const HttpServerOptions& options, HttpHandler handler) {
+  if (options.threads < 1 || options.max_body_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP server needs threads >= 1 and max_body_bytes >= 1, "
+                     "got ",
+                     options.threads, " and ", options.max_body_bytes));
+  }
+  auto host_port = SplitHostPort(options.listen);
+  if (!host_port.ok()) return host_port.status();
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl->io);
+  auto endpoints = resolver.resolve(host_port->host, host_port->port,
+                                    tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP listen address '", options.listen,
+                     "' does not resolve: ", ec.message()));
+  }
+  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  tcp::acceptor& acceptor = impl->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen for HTTP on ", options.listen, ": ", ec.message()));
+  }
+  const std::string host = endpoint.address().is_v6()
+                               ? absl::StrCat("[", host_port->host, "]")
+                               : host_port->host;
+  impl->address = absl::StrCat(host, ":", acceptor.local_endpoint().port());
+  impl->Accept();
+  for (int i = 0; i < options.threads; ++i) {
+    impl->threads.emplace_back([io = &impl->io] { io->run(); });
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(absl::ZeroDuration()); }
+
+const std::string& HttpServer::address() const { return impl_->address; }
+
+void HttpServer::StopAccepting() {
+  if (!impl_->accepting.exchange(false)) return;
+  asio::post(impl_->acceptor.get_executor(), [impl = impl_.get()] {
+    boost::system::error_code ignored;
+    impl->acceptor.close(ignored);
+    impl->retry_timer.cancel();
+  });
+}
+
+void HttpServer::Stop(absl::Duration flush) {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  StopAccepting();
+  const absl::Time deadline = absl::Now() + flush;
+  while (impl_->busy.load() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  impl_->io.stop();
+  for (std::thread& t : impl_->threads) t.join();
+  boost::system::error_code ignored;
+  impl_->acceptor.close(ignored);
+}
+
+}  // namespace baton::http

@@ -1,0 +1,103 @@
+// One HTTP/1.1 connection of HttpServer (internal): reads requests one at a
+// time, hands each to the handler, and writes the response from its queue.
+// Every member runs on the connection's strand.
+//
+// While a request is being answered the session keeps one read open on the
+// socket ("watch"): end-of-stream or a reset there means the client left,
+// and the exchange's on-disconnect callback fires (the gateway cancels its
+// Generate calls). Bytes that arrive meanwhile (a pipelined request) are
+// kept for the next parse.
+#ifndef BATON_COORDINATOR_HTTP_HTTP_SESSION_H_
+#define BATON_COORDINATOR_HTTP_HTTP_SESSION_H_
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/http/http_server.h"
+
+namespace baton::http {
+
+class HttpSession final : public HttpExchange,
+                          public std::enable_shared_from_this<HttpSession> {
+ public:
+  // `options`, `handler` and `busy` must outlive the session. `busy`
+  // counts the sessions that owe a response (handling or flushing one).
+  HttpSession(boost::asio::ip::tcp::socket socket,
+              const HttpServerOptions& options, const HttpHandler& handler,
+              std::atomic<int>& busy);
+  ~HttpSession() override;
+  // Starts reading the first request.
+  void Run();
+
+  void Respond(int status, std::string content_type, std::string body,
+               HttpHeaders headers) override;
+  void StartStream(int status, std::string content_type) override;
+  void Write(std::string data) override;
+  void EndStream() override;
+  void SetOnDisconnect(std::function<void()> callback) override;
+
+ private:
+  enum class State {
+    kReading,    // waiting for (the rest of) a request
+    kHandling,   // the handler owns the request; response not yet complete
+    kFlushing,   // response complete, bytes still queued
+    kLingering,  // after a rejected request: half-closed, draining input
+    kClosed,
+  };
+  using Request =
+      boost::beast::http::request_parser<boost::beast::http::string_body>;
+
+  template <typename F>
+  void OnStrand(F&& f);
+  void SetState(State state);
+
+  void DoRead();
+  void OnHeader(boost::beast::error_code ec);
+  void ReadBody();
+  void OnRead(boost::beast::error_code ec);
+  // A response to a malformed request, then a lingering close.
+  void Reject(int status, const std::string& message, const std::string& code);
+  void Watch();
+  void OnWatch(boost::beast::error_code ec, size_t bytes);
+  void Enqueue(std::string bytes);
+  void DoWrite();
+  void OnWrite(boost::beast::error_code ec);
+  void ResponseComplete();
+  void ClientGone();
+  // Half-closes, then reads and drops what the client still sends (so it
+  // sees the response rather than a reset) until it closes or a timeout.
+  void Linger();
+  void Close();
+
+  boost::beast::tcp_stream stream_;
+  const HttpServerOptions& options_;
+  const HttpHandler& handler_;
+  std::atomic<int>& busy_;
+  boost::beast::flat_buffer buffer_;
+  std::optional<Request> parser_;
+  State state_ = State::kReading;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool chunked_ = false;
+  bool watching_ = false;
+  bool writing_ = false;
+  std::deque<std::string> queue_;
+  std::vector<std::string> in_flight_;
+  std::function<void()> on_disconnect_;
+  bool gone_ = false;
+  // Close a rejected request's connection with Linger (its body may still
+  // be arriving).
+  bool linger_ = false;
+};
+
+}  // namespace baton::http
+
+#endif  // BATON_COORDINATOR_HTTP_HTTP_SESSION_H_

@@ -1,0 +1,162 @@
+// baton-coordinator's OpenAI-compatible HTTP API on a real 1P1D cluster
+// (LocalCluster with --http_listen=127.0.0.1:0): the official openai SDK,
+// curl on the SSE stream, 64 concurrent streams, slow and disconnecting
+// clients, and bad input (tests/http/openai_check.py does the client side).
+// Afterwards every worker has all its KV blocks free.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster/local_cluster.h"
+
+namespace baton::testing {
+namespace {
+
+using Json = nlohmann::json;
+using ::testing::HasSubstr;
+
+class HttpClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string python = PythonPath();
+    ASSERT_FALSE(python.empty())
+        << "BATON_PYTHON is not set (run through ctest)";
+    ASSERT_EQ(access(python.c_str(), X_OK), 0)
+        << "no python at " << python << " (run scripts/setup.sh)";
+    script_ = SourceDir() + "/tests/http/openai_check.py";
+    ASSERT_EQ(access(script_.c_str(), R_OK), 0) << "missing " << script_;
+  }
+
+  void StartCluster() {
+    LocalClusterOptions options;
+    options.http = true;
+    options.kv_cache_mib = 256;
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    ASSERT_FALSE(cluster_->http_address().empty());
+  }
+
+  // Runs openai_check.py MODE against the cluster; its stderr shows in the
+  // test log.
+  void RunScript(const std::string& mode) {
+    auto out = RunCommand(absl::StrCat(PythonPath(), " ", script_, " ", mode,
+                                       " ", cluster_->http_address()));
+    ASSERT_TRUE(out.ok()) << "openai_check.py " << mode
+                          << " failed (its message is above): " << out.status();
+  }
+
+  std::string ModelId() {
+    grpc::ClientContext context;
+    v1::ListModelsResponse models;
+    grpc::Status rpc = cluster_->baton().ListModels(
+        &context, v1::ListModelsRequest(), &models);
+    EXPECT_TRUE(rpc.ok()) << rpc.error_message();
+    return models.models_size() > 0 ? models.models(0).id() : "";
+  }
+
+  std::string Curl(const std::string& args) {
+    auto out = RunCommand(absl::StrCat("curl -sS --max-time 60 ", args));
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : "";
+  }
+
+  std::string script_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_F(HttpClusterTest, OpenAiSdkAndBadInput) {
+  StartCluster();
+  RunScript("sdk");
+  RunScript("bad");
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
+}
+
+TEST_F(HttpClusterTest, CurlReadsTheSseStreamAndHealthAndMetrics) {
+  StartCluster();
+  const std::string url = "http://" + cluster_->http_address();
+  const Json body = {
+      {"model", ModelId()},
+      {"messages", {{{"role", "user"}, {"content", "Name a fruit."}}}},
+      {"max_tokens", 8},
+      {"ignore_eos", true},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}}};
+  const std::string sse = Curl(
+      absl::StrCat("-N ", url, "/v1/chat/completions -H ",
+                   "'Content-Type: application/json' -d '", body.dump(), "'"));
+  ASSERT_THAT(sse, HasSubstr("data: [DONE]\n\n"));
+  std::vector<std::string> events = absl::StrSplit(sse, "\n\n");
+  ASSERT_EQ(events.back(), "");  // the stream ends with a blank line
+  events.pop_back();
+  ASSERT_GE(events.size(), 4u);  // role, content..., finish, usage, [DONE]
+  EXPECT_EQ(events.back(), "data: [DONE]");
+  std::string text;
+  int usage_chunks = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    SCOPED_TRACE(events[i]);
+    ASSERT_EQ(events[i].rfind("data: ", 0), 0u);
+    const Json chunk = Json::parse(events[i].substr(6), nullptr, false);
+    ASSERT_FALSE(chunk.is_discarded());
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    if (!chunk["usage"].is_null()) {
+      ++usage_chunks;
+      EXPECT_EQ(chunk["usage"]["completion_tokens"], 8);
+      continue;
+    }
+    const Json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(usage_chunks, 1);
+  EXPECT_FALSE(text.empty());
+
+  EXPECT_THAT(Curl(absl::StrCat("-w ' %{http_code}' ", url, "/health")),
+              HasSubstr("\"status\":\"ok\"} 200"));
+  const std::string metrics = Curl(absl::StrCat("-i ", url, "/metrics"));
+  EXPECT_THAT(metrics, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_THAT(metrics, HasSubstr("# TYPE baton_"));
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
+
+  // Without a decode worker the cluster cannot serve: 503.
+  cluster_->Kill(1);
+  std::string health;
+  for (int i = 0; i < 100; ++i) {
+    health = Curl(absl::StrCat("-w ' %{http_code}' ", url, "/health"));
+    if (absl::EndsWith(health, " 503")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_THAT(health, HasSubstr("\"status\":\"unavailable\"")) << health;
+  EXPECT_THAT(health, HasSubstr(" 503"));
+}
+
+TEST_F(HttpClusterTest, SixtyFourConcurrentStreams) {
+  StartCluster();
+  RunScript("concurrent");
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
+  // The HTTP API shuts down cleanly with the coordinator.
+  absl::Status stopped = cluster_->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+TEST_F(HttpClusterTest, SlowAndDisconnectingClientsStallNobody) {
+  StartCluster();
+  RunScript("slow");
+  // The disconnected stream asked for 3000 tokens: only its cancellation
+  // frees its blocks this soon.
+  absl::Status free = cluster_->WaitAllFree(absl::Seconds(5));
+  EXPECT_TRUE(free.ok()) << free;
+}
+
+}  // namespace
+}  // namespace baton::testing
