@@ -14,16 +14,20 @@
 #   --logs=DIR         worker and coordinator logs (default: a new temp dir)
 #   --no-build         use the existing binaries
 #   --bin=DIR          the binaries (default build/bin)
+#   --http_port=N      also serve the OpenAI-compatible HTTP API (0: any free
+#                      port); its address goes to COMMAND as BATON_HTTP
+#   --metrics_port=N   coordinator metrics listener (0: any free port)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
-# BATON_SERVER=HOST:PORT in its environment), then stops the cluster and
+# BATON_SERVER=HOST:PORT, and BATON_HTTP with --http_port, in its
+# environment), then stops the cluster and
 # exits with COMMAND's status.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
-PORT=0 THREADS=1 KV_MIB=256 BUILD=1 LOGS="" BIN="$ROOT/build/bin"
+PORT=0 THREADS=1 KV_MIB=256 BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=()
 while [[ $# -gt 0 ]]; do
@@ -35,6 +39,8 @@ while [[ $# -gt 0 ]]; do
     --logs=*) LOGS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --bin=*) BIN="${1#*=}" ;;
+    --http_port=*) HTTP_PORT="${1#*=}" ;;
+    --metrics_port=*) METRICS_PORT="${1#*=}" ;;
     --) shift; COMMAND=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "local_cluster: unknown option '$1'" >&2; usage ;;
@@ -93,10 +99,25 @@ listening_address() {
   return 1
 }
 
-"$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --model="$MODEL" \
+COORDINATOR_FLAGS=()
+[[ -n "$HTTP_PORT" ]] && COORDINATOR_FLAGS+=(--http_listen="127.0.0.1:$HTTP_PORT")
+[[ -n "$METRICS_PORT" ]] && COORDINATOR_FLAGS+=(--metrics_listen="127.0.0.1:$METRICS_PORT")
+"$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --model="$MODEL" "${COORDINATOR_FLAGS[@]}" \
   >"$LOGS/coordinator.out" 2>"$LOGS/coordinator.log" &
 PIDS+=($!)
 COORDINATOR="$(listening_address "$LOGS/coordinator.out" "${PIDS[0]}")"
+# "baton-coordinator http on H:P" / "... metrics on H:P" follow the first line.
+printed_address() {  # what ("http" or "metrics")
+  for _ in $(seq 100); do
+    sed -n "s/^baton-coordinator $1 on //p" "$LOGS/coordinator.out" | head -1 | grep . && return 0
+    sleep 0.1
+  done
+  echo "local_cluster: the coordinator printed no '$1 on' line; see $LOGS" >&2
+  return 1
+}
+HTTP="" METRICS=""
+[[ -n "$HTTP_PORT" ]] && HTTP="$(printed_address http)"
+[[ -n "$METRICS_PORT" ]] && METRICS="$(printed_address metrics)"
 
 for i in "${!ROLES[@]}"; do
   "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
@@ -121,11 +142,13 @@ if [[ "$healthy" -ne ${#ROLES[@]} ]]; then
   exit 1
 fi
 echo "local_cluster: $SHAPE ready, coordinator at $COORDINATOR (logs in $LOGS)" >&2
+[[ -n "$HTTP" ]] && echo "local_cluster: OpenAI-compatible API at http://$HTTP/v1" >&2
+[[ -n "$METRICS" ]] && echo "local_cluster: coordinator metrics at http://$METRICS/metrics" >&2
 echo "$COORDINATOR"
 
 if [[ ${#COMMAND[@]} -gt 0 ]]; then
   set +e
-  BATON_SERVER="$COORDINATOR" "${COMMAND[@]}"
+  BATON_SERVER="$COORDINATOR" BATON_HTTP="$HTTP" "${COMMAND[@]}"
   status=$?
   set -e
   exit $status

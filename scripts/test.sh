@@ -31,7 +31,8 @@ cmake --build build -j "$JOBS"
 [[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
 SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
   cluster_worker_fault_test cluster_services_test worker_service_test kv_transport_test
-  kv_transport_fault_test disaggregation_test disaggregation_fault_test coordinator_core_test)
+  kv_transport_fault_test disaggregation_test disaggregation_fault_test coordinator_core_test
+  generate_metrics_test http_unit_test http_cluster_test)
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
@@ -49,6 +50,7 @@ sanitized_run address,undefined build-address
 # its time, its cluster subset is client cancel, deadline expiry and the
 # health checks; the other cluster tests run under ASan only. (Frozen and
 # killed workers also make gRPC's uninstrumented cancellation paths report
-# races inside gRPC itself.)
+# races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
+# runs under ASan only.
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled|HttpClusterTest"

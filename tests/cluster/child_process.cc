@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -64,14 +65,14 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   return child;
 }
 
-absl::Status ChildProcess::WaitForFirstLine(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (first_line_.find('\n') == std::string::npos) {
+bool ChildProcess::ReadMore(absl::Time deadline, absl::string_view waiting_for,
+                            absl::Status* error) {
+  for (;;) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("'", command_, "' printed no line in ",
-                       absl::FormatDuration(timeout)));
+      *error = absl::DeadlineExceededError(
+          absl::StrCat("'", command_, "' printed no ", waiting_for));
+      return false;
     }
     pollfd pfd{stdout_fd_, POLLIN, 0};
     const int ready =
@@ -81,16 +82,45 @@ absl::Status ChildProcess::WaitForFirstLine(absl::Duration timeout) {
     const ssize_t n = read(stdout_fd_, buffer, sizeof(buffer));
     if (n <= 0) {
       auto status = Wait(absl::Seconds(5));
-      return absl::InternalError(
-          absl::StrCat("'", command_, "' exited before it was ready (",
+      *error = absl::InternalError(
+          absl::StrCat("'", command_, "' closed its output before it printed ",
+                       waiting_for, " (",
                        status.ok() ? absl::StrCat("wait status ", *status)
                                    : std::string(status.status().message()),
                        ")"));
+      return false;
     }
-    first_line_.append(buffer, static_cast<size_t>(n));
+    pending_.append(buffer, static_cast<size_t>(n));
+    return true;
   }
-  first_line_.resize(first_line_.find('\n'));
+}
+
+absl::Status ChildProcess::WaitForFirstLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status error;
+  while (pending_.find('\n') == std::string::npos) {
+    if (!ReadMore(deadline, "line", &error)) return error;
+  }
+  const size_t end = pending_.find('\n');
+  first_line_ = pending_.substr(0, end);
+  pending_.erase(0, end + 1);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ChildProcess::WaitForLine(absl::string_view prefix,
+                                                      absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string what = absl::StrCat("line starting '", prefix, "'");
+  absl::Status error;
+  for (;;) {
+    size_t end;
+    while ((end = pending_.find('\n')) != std::string::npos) {
+      std::string line = pending_.substr(0, end);
+      pending_.erase(0, end + 1);
+      if (absl::StartsWith(line, prefix)) return line;
+    }
+    if (!ReadMore(deadline, what, &error)) return error;
+  }
 }
 
 ChildProcess::~ChildProcess() {

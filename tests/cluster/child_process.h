@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace baton::testing {
@@ -29,6 +30,11 @@ class ChildProcess {
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
       const std::vector<std::string>& argv);
   absl::Status WaitForFirstLine(absl::Duration timeout);
+  // The next stdout line (after first_line() and lines already returned)
+  // that starts with `prefix`, without its newline; other lines are
+  // skipped. DeadlineExceeded, or Internal if the process closes stdout.
+  absl::StatusOr<std::string> WaitForLine(absl::string_view prefix,
+                                          absl::Duration timeout);
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -48,7 +54,13 @@ class ChildProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string command_;  // for messages
+  // Reads what stdout has until `deadline`; false and `error` set if it
+  // ends (the process closed it) or the deadline passes with nothing read.
+  bool ReadMore(absl::Time deadline, absl::string_view waiting_for,
+                absl::Status* error);
+
   std::string first_line_;
+  std::string pending_;  // stdout bytes read but not yet returned as lines
   std::optional<int> exit_status_;
 };
 

@@ -1,20 +1,14 @@
 #include "tests/cluster/local_cluster.h"
 
-#include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <set>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/test_util.h"
 
 namespace baton::testing {
@@ -31,74 +25,6 @@ absl::StatusOr<std::string> ListeningAddress(const std::string& line) {
   const size_t begin = at + marker.size();
   const size_t end = line.find(',', begin);
   return line.substr(begin, end == std::string::npos ? end : end - begin);
-}
-
-// The TCP ports process `pid` listens on, from its descriptors
-// (/proc/PID/fd -> socket:[INODE]) and the kernel's socket tables.
-absl::StatusOr<std::set<int>> ListeningPorts(pid_t pid) {
-  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
-  DIR* dir = opendir(fd_dir.c_str());
-  if (dir == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot list ", fd_dir));
-  }
-  std::set<std::string> inodes;
-  while (const dirent* entry = readdir(dir)) {
-    char target[128];
-    const std::string link = absl::StrCat(fd_dir, "/", entry->d_name);
-    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
-    if (n <= 0) continue;
-    absl::string_view name(target, static_cast<size_t>(n));
-    if (absl::ConsumePrefix(&name, "socket:[") &&
-        absl::ConsumeSuffix(&name, "]")) {
-      inodes.insert(std::string(name));
-    }
-  }
-  closedir(dir);
-  std::set<int> ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout
-      // inode ...; st 0A is LISTEN.
-      const std::vector<std::string> fields =
-          absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (fields.size() < 10 || fields[3] != "0A" ||
-          inodes.count(fields[9]) == 0) {
-        continue;
-      }
-      int port = 0;
-      const size_t colon = fields[1].rfind(':');
-      if (colon != std::string::npos &&
-          absl::SimpleHexAtoi(fields[1].substr(colon + 1), &port)) {
-        ports.insert(port);
-      }
-    }
-  }
-  return ports;
-}
-
-// The coordinator's HTTP address: its one listening port besides gRPC's.
-// (ChildProcess keeps only the first stdout line, so the
-// "baton-coordinator http on ..." line cannot be read here; the listener
-// is up before the first line is printed.)
-absl::StatusOr<std::string> HttpAddress(pid_t pid,
-                                        const std::string& grpc_address) {
-  auto ports = ListeningPorts(pid);
-  if (!ports.ok()) return ports.status();
-  int grpc_port = 0;
-  if (!absl::SimpleAtoi(grpc_address.substr(grpc_address.rfind(':') + 1),
-                        &grpc_port)) {
-    return absl::InternalError(absl::StrCat("bad address ", grpc_address));
-  }
-  ports->erase(grpc_port);
-  if (ports->size() != 1) {
-    return absl::InternalError(absl::StrCat(
-        "expected one HTTP port besides gRPC's ", grpc_port, ", found ",
-        ports->size(), " (pass no other listening flag with http = true)"));
-  }
-  return absl::StrCat("127.0.0.1:", *ports->begin());
 }
 
 std::unique_ptr<grpc::ClientContext> ShortContext() {
@@ -130,9 +56,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (!address.ok()) return address.status();
   cluster->address_ = *address;
   if (options.http) {
-    auto http = HttpAddress(cluster->coordinator_->pid(), cluster->address_);
-    if (!http.ok()) return http.status();
-    cluster->http_address_ = *http;
+    // "baton-coordinator http on HOST:PORT", printed after the first line.
+    const std::string marker = "baton-coordinator http on ";
+    auto line = cluster->coordinator_->WaitForLine(marker, absl::Seconds(10));
+    if (!line.ok()) return line.status();
+    cluster->http_address_ = line->substr(marker.size());
   }
   cluster->baton_ = v1::Baton::NewStub(grpc::CreateChannel(
       cluster->address_, grpc::InsecureChannelCredentials()));
