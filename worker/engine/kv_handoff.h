@@ -5,17 +5,17 @@
 // The engine thread calls LayerReady(l) after layer l of the prompt's last
 // chunk is written (every earlier chunk wrote its layers in earlier steps).
 // The sender thread hands that layer's chunks to the sink IN PLACE
-// (KvSink::SendLayerChunks: the TCP sink checksums them and sendmsg's them
-// from the pool, no copy), while the engine computes later layers (different
-// bytes of the pool). A finished layer is never written again: the engine
-// detaches the sequence from the scheduler after its last chunk, so nothing
-// appends to, preempts or frees its blocks until the handoff ends. After the
-// last layer the thread calls Finish() and reports through on_done. The
-// blocks must stay reserved until done() (or until Detach() returned).
+// (KvSink::SendLayerChunks: the TCP sender hashes each slice just before it
+// sendmsg's it from the pool, no copy), while the engine computes later layers
+// (different bytes of the pool). A finished layer is never written again: the
+// engine detaches the sequence from the scheduler after its last chunk, so
+// nothing appends to, preempts or frees its blocks until the handoff ends.
+// After the last layer the thread calls Finish() and reports through on_done.
+// The blocks must stay reserved until done() (or until Detach() returned).
 //
 // Every read of the pool by the sender thread (and the sink) is bracketed by
 // a read gate; Detach revokes it, waiting only for a bracketed read in
-// progress (one layer's checksum or one non-blocking sendmsg, never a wait
+// progress (one slice's hash and non-blocking sendmsg, never a wait
 // for the peer), so a handoff timeout frees the blocks at once even while
 // the sink is stuck.
 #ifndef BATON_WORKER_ENGINE_KV_HANDOFF_H_

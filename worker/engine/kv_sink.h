@@ -58,8 +58,10 @@ using KvSinkFactory =
     std::function<absl::StatusOr<std::unique_ptr<KvSink>>(const KvSinkInfo&)>;
 
 // Adapts a KvSender: fills KvTransferHeader (ids, layout, tokens, layer,
-// payload bytes, KvChecksum) for every layer. SendLayerChunks checksums the
-// chunks in place and hands them to KvSender::SendLayerChunks (no copy).
+// payload bytes) for every layer, with checksum 0: the sender computes the
+// checksum as it sends (TcpKvSender hashes each chunk just before its
+// sendmsg; the NCCL sender carries none). SendLayerChunks hands the chunks
+// to KvSender::SendLayerChunks in place (no copy, no separate pass).
 class TransportKvSink : public KvSink {
  public:
   TransportKvSink(std::unique_ptr<KvSender> sender, uint64_t transfer_id,

@@ -56,7 +56,10 @@ struct KvTransferHeader {
   int64_t num_tokens = 0;      // tokens of the sequence carried by every layer
   int64_t layer = 0;           // in [0, layout.num_layers)
   uint64_t payload_bytes = 0;  // == payload.size()
-  uint64_t checksum = 0;       // KvChecksum(payload, layout.chunk_bytes())
+  // KvChecksum(payload, layout.chunk_bytes()), or 0: the sender computes it
+  // while sending (TcpKvSender, carried in the layer's trailer) or the
+  // transport carries none (NCCL).
+  uint64_t checksum = 0;
 };
 
 // 64-bit checksum of a layer payload (wire version 2): the payload is cut
@@ -99,9 +102,10 @@ class KvSender {
   virtual ~KvSender() = default;
 
   // Ships one layer. header.transfer_id must be this sender's transfer,
-  // header.payload_bytes == payload.size() and header.checksum ==
-  // KvChecksum(payload, header.layout.chunk_bytes()) (the receiver rejects
-  // a mismatch with DataLoss).
+  // header.payload_bytes == payload.size() and header.checksum is
+  // KvChecksum(payload, header.layout.chunk_bytes()) or 0 (see
+  // KvTransferHeader::checksum; the receiver rejects a mismatch with
+  // DataLoss).
   // Returns the receiver's error as soon as the receiver has rejected the
   // transfer (its code kept, message prefixed), DeadlineExceeded if the peer
   // makes no progress for the stall timeout, Unavailable if it disconnected.
@@ -113,7 +117,8 @@ class KvSender {
   // pool chunks of KvCache::LayerChunks), read in place. The chunk memory
   // must not change until the call returns. gate (optional) brackets every
   // read of it; a revoked gate fails the call with Cancelled, and the
-  // transfer must then be aborted. header.checksum == KvChecksumChunks(chunks).
+  // transfer must then be aborted. header.checksum is KvChecksumChunks(chunks)
+  // or 0, as for SendLayer.
   // The default copies the chunks (under the gate) into one buffer and calls
   // SendLayer; TcpKvSender sends them with no copy.
   virtual absl::Status SendLayerChunks(

@@ -98,14 +98,16 @@ void DisconnectAfter(uint64_t extra_bytes_of_layer1) {
       KvFrame f;
       f.header = src.Header(11, l);
       std::vector<uint8_t> bytes = src.Export(l);
-      f.header.checksum = KvChecksum(bytes, kChunkBytes);
       KvFrameBytes head = EncodeKvFrame(f);
       std::string ids = f.header.request_id + f.header.model_id;
+      KvTrailerBytes trailer = EncodeKvTrailer(KvChecksum(bytes, kChunkBytes));
+      // Layer 0 whole with its trailer; layer 1 cut inside its payload.
       const size_t n = l == 0 ? bytes.size() : extra_bytes_of_layer1;
-      iovec iov[3] = {{head.data(), head.size()},
+      iovec iov[4] = {{head.data(), head.size()},
                       {ids.data(), ids.size()},
-                      {bytes.data(), n}};
-      ASSERT_TRUE(SendAllV(fd->get(), iov, 3, io, "test").ok());
+                      {bytes.data(), n},
+                      {trailer.data(), l == 0 ? trailer.size() : 0}};
+      ASSERT_TRUE(SendAllV(fd->get(), iov, 4, io, "test").ok());
     }
   }  // closes the socket
   absl::Status done = decode.WaitDone(11);
@@ -230,10 +232,9 @@ TEST(TcpKvTransportTest, RevokedGateBeforeLayerFailsWithoutWriting) {
   auto receiver = StartReceiver(decode);
   auto sender = Connect(*receiver, 15);
   ASSERT_TRUE(SendLayer(*sender, src, 15, 0).ok());
-  KvTransferHeader h = src.Header(15, 1);
+  KvTransferHeader h = src.Header(15, 1);  // checksum 0: hashed under the gate
   auto chunks = src.cache->LayerChunks(src.table, 1, 100);
   ASSERT_TRUE(chunks.ok());
-  h.checksum = KvChecksumChunks(*chunks);
   CountingGate gate(/*revoke_at=*/0);
   absl::Status s = sender->SendLayerChunks(h, *chunks, &gate);
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
@@ -248,9 +249,10 @@ TEST(TcpKvTransportTest, RevokedGateBeforeLayerFailsWithoutWriting) {
   decode.FreeAll();
 }
 
-TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnection) {
-  // A reader that drains slowly, so the 8 MiB payload takes many sendmsg
-  // calls; the second one finds the gate revoked.
+// A reader that drains slowly, so the 8 MiB payload takes many sendmsg
+// calls; the second one finds the gate revoked. `checksum` 0: the sender
+// hashes the chunks as it sends (sendmsg calls of send_call_bytes).
+void RevokeMidLayer(uint64_t checksum) {
   int port = 0;
   auto listener = TcpListen("127.0.0.1", 0, &port);
   ASSERT_TRUE(listener.ok());
@@ -280,7 +282,7 @@ TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnection) {
   h.transfer_id = 16;
   h.layout = MakeCache(1)->layout();
   h.payload_bytes = payload.size();
-  h.checksum = KvChecksumChunks(chunks);
+  h.checksum = checksum;
   CountingGate gate(/*revoke_at=*/1);
   absl::Status s = (*sender)->SendLayerChunks(h, chunks, &gate);
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
@@ -289,6 +291,15 @@ TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnection) {
   reader.join();  // ends at EOF: the sender closed mid-frame
   EXPECT_GT(drained.load(), 0u);
   EXPECT_LT(drained.load(), kKvFrameHeaderBytes + payload.size());
+}
+
+TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnection) {
+  std::vector<uint8_t> payload(8 << 20, 0x33);
+  RevokeMidLayer(KvChecksum(payload, kChunkBytes));
+}
+
+TEST(TcpKvTransportTest, RevokedGateMidLayerClosesTheConnectionHashing) {
+  RevokeMidLayer(0);
 }
 
 }  // namespace

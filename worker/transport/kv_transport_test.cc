@@ -1,10 +1,13 @@
 // Host (TCP) KV transport on loopback: full transfers between two pools
-// (from a contiguous buffer and in place from pool chunks), the checksum
-// definition, unknown transfers, concurrency and throughput.
+// (from a contiguous buffer and in place from pool chunks, checksum given or
+// hashed while sending), the checksum definition and its trailer, unknown
+// transfers, concurrency and throughput.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <iterator>
 #include <mutex>
 
 #include "worker/transport/kv_transport_test_util.h"
@@ -84,7 +87,9 @@ TEST(TcpKvTransportTest, ChunkSendEqualsExportBitForBit) {
   };
   auto receiver = TcpKvReceiver::Start({}, cb);
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  auto sender = Connect(**receiver, 21);
+  // sendmsg calls of 1000 bytes: chunks (64 bytes) straddle calls, and the
+  // hashing runs ahead of the send by at most one call.
+  auto sender = Connect(**receiver, 21, absl::Seconds(10), 1000);
   KvTransferHeader h;
   h.transfer_id = 21;
   h.request_id = "chunks";
@@ -96,7 +101,8 @@ TEST(TcpKvTransportTest, ChunkSendEqualsExportBitForBit) {
     ASSERT_EQ(chunks->size(), static_cast<size_t>(kTokens));
     h.layer = l;
     h.payload_bytes = (*src)->LayerBytes(src_table);
-    h.checksum = KvChecksumChunks(*chunks);
+    // Even layers hashed while sending, odd ones with the checksum given.
+    h.checksum = l % 2 == 0 ? 0 : KvChecksumChunks(*chunks);
     ASSERT_TRUE(sender->SendLayerChunks(h, *chunks, nullptr).ok());
   }
   ASSERT_TRUE(sender->Finish().ok());
@@ -157,6 +163,32 @@ TEST(KvChecksumTest, DefinitionAndEquivalentForms) {
   EXPECT_NE(KvChecksumChunks(pieces), expected);
 }
 
+TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
+  KvFrame f;
+  f.header.transfer_id = 5;
+  f.header.layout = MakeCache(1)->layout();
+  f.header.payload_bytes = 3 * kChunkBytes;
+  f.header.checksum = 0x1122334455667788;  // not on the header
+  KvFrameBytes b = EncodeKvFrame(f);
+  EXPECT_EQ(b[4], 3);  // version
+  for (size_t i = 56; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;
+  auto decoded = DecodeKvFrame(b);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->header.checksum, 0u);
+  EXPECT_EQ(decoded->header.payload_bytes, 3 * kChunkBytes);
+  const KvTrailerBytes t = EncodeKvTrailer(0x1122334455667788);
+  EXPECT_EQ(t[0], 0x88);
+  EXPECT_EQ(t[7], 0x11);
+  EXPECT_EQ(DecodeKvTrailer(t), 0x1122334455667788u);
+  // A version 2 header (checksum at offset 56) is refused by field.
+  b[4] = 2;
+  EXPECT_THAT(DecodeKvFrame(b).status().message(), HasSubstr("version 2"));
+  b[4] = 3;
+  b[60] = 1;
+  EXPECT_THAT(DecodeKvFrame(b).status().message(),
+              HasSubstr("reserved bytes [56, 64)"));
+}
+
 TEST(TcpKvTransportTest, UnknownTransferIdIsNotFound) {
   PrefillSide src(64, 20, 3);
   DecodeSide decode(40);
@@ -201,6 +233,29 @@ TEST(TcpKvTransportTest, FourConcurrentSenders) {
   }
 }
 
+// Each connection is served by the thread that accepted it, which hands
+// listening to a new thread: finished threads are joined as new connections
+// come, so sequential transfers never accumulate threads.
+TEST(TcpKvTransportTest, SequentialTransfersDoNotAccumulateThreads) {
+  auto threads = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                         std::filesystem::directory_iterator());
+  };
+  DecodeSide decode(40);
+  auto receiver = StartReceiver(decode);
+  const auto before = threads();
+  for (uint64_t id = 300; id < 340; ++id) {
+    auto sender = Connect(*receiver, id);
+    sender->Abort(absl::CancelledError("probe"));
+    // No reservation: lookup rejects the transfer, which still ends it.
+    EXPECT_TRUE(absl::IsNotFound(decode.WaitDone(id))) << id;
+  }
+  // At most the listener, a few threads still returning, and no more.
+  EXPECT_LE(threads(), before + 4);
+  receiver.reset();
+  EXPECT_LT(threads(), before);
+}
+
 TEST(TcpKvTransportTest, PrintsLoopbackThroughput) {
   constexpr int64_t kTokens = 1024;
   PrefillSide src(kTokens / 16, kTokens, 9);
@@ -219,8 +274,7 @@ TEST(TcpKvTransportTest, PrintsLoopbackThroughput) {
     auto sender = Connect(*receiver, 200 + rep);
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t l = 0; l < kLayers; ++l) {
-      KvTransferHeader h = src.Header(200 + rep, l);
-      h.checksum = KvChecksum(layers[l], kChunkBytes);
+      KvTransferHeader h = src.Header(200 + rep, l);  // hashed while sent
       ASSERT_TRUE(sender->SendLayer(h, layers[l]).ok());
     }
     ASSERT_TRUE(sender->Finish().ok());

@@ -227,20 +227,22 @@ inline std::unique_ptr<TcpKvReceiver> StartReceiver(
 }
 
 inline std::unique_ptr<TcpKvSender> Connect(
-    const KvReceiver& r, uint64_t id,
-    absl::Duration stall = absl::Seconds(10)) {
+    const KvReceiver& r, uint64_t id, absl::Duration stall = absl::Seconds(10),
+    size_t send_call_bytes = TcpKvSenderOptions().send_call_bytes) {
   TcpKvSenderOptions o;
   o.stall_timeout = stall;
+  o.send_call_bytes = send_call_bytes;
   auto s = TcpKvSender::Connect(r.endpoint(), id, o);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(s).value();
 }
 
+// Sends `layer` from a contiguous export with checksum 0: the sender hashes
+// it as it goes out.
 inline absl::Status SendLayer(KvSender& sender, const PrefillSide& src,
                               uint64_t id, int64_t layer) {
   KvTransferHeader h = src.Header(id, layer);
   std::vector<uint8_t> bytes = src.Export(layer);
-  h.checksum = KvChecksum(bytes, kChunkBytes);
   return sender.SendLayer(h, bytes);
 }
 

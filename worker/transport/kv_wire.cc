@@ -38,7 +38,7 @@ KvFrameBytes EncodeKvFrame(const KvFrame& frame) {
   Put<uint32_t>(&b[36], static_cast<uint32_t>(h.layout.dtype));
   Put<uint64_t>(&b[40], static_cast<uint64_t>(h.num_tokens));
   Put<uint64_t>(&b[48], h.payload_bytes);
-  Put<uint64_t>(&b[56], h.checksum);
+  Put<uint64_t>(&b[56], 0);  // reserved
   Put<uint16_t>(&b[64], static_cast<uint16_t>(h.request_id.size()));
   Put<uint16_t>(&b[66], static_cast<uint16_t>(h.model_id.size()));
   Put<uint32_t>(&b[68], frame.status_code);
@@ -76,7 +76,11 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
   h.layout.dtype = static_cast<DType>(Get<uint32_t>(b + 36));
   h.num_tokens = static_cast<int64_t>(Get<uint64_t>(b + 40));
   h.payload_bytes = Get<uint64_t>(b + 48);
-  h.checksum = Get<uint64_t>(b + 56);
+  if (const uint64_t reserved = Get<uint64_t>(b + 56); reserved != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: reserved bytes [56, 64) must be 0, got 0x",
+                     absl::Hex(reserved)));
+  }
   f.request_id_bytes = Get<uint16_t>(b + 64);
   f.model_id_bytes = Get<uint16_t>(b + 66);
   f.status_code = Get<uint32_t>(b + 68);
@@ -106,6 +110,16 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
                      " bytes exceeds ", kKvMaxMessageBytes));
   }
   return f;
+}
+
+KvTrailerBytes EncodeKvTrailer(uint64_t checksum) {
+  KvTrailerBytes b{};
+  Put<uint64_t>(b.data(), checksum);
+  return b;
+}
+
+uint64_t DecodeKvTrailer(std::span<const uint8_t, kKvTrailerBytes> bytes) {
+  return Get<uint64_t>(bytes.data());
 }
 
 }  // namespace baton

@@ -1,10 +1,12 @@
 // The TCP KV transport's frame format. Every frame is a fixed 72-byte
 // little-endian header, then `id_bytes` of request id and model id, then
-// `payload_bytes` of payload:
+// `payload_bytes` of payload, then, for layer frames only, an 8-byte
+// little-endian trailer holding the layer's checksum:
 //
 //   off size field
 //     0    4 magic 0x5456_4B42 ("BKVT" in memory)
-//     4    2 version (2; version 1 differed only in the checksum definition:
+//     4    2 version (3; version 2 carried the checksum at offset 56 of the
+//             header and had no trailer; version 1 also defined it as
 //             XXH3-64 of the whole payload)
 //     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status
 //     8    8 transfer_id
@@ -16,14 +18,19 @@
 //    36    4 layout.dtype (ggml type id)
 //    40    8 num_tokens (two's complement)
 //    48    8 payload_bytes
-//    56    8 checksum (KvChecksum(payload, layout.chunk_bytes()): XXH3-64
-//             of the per-chunk XXH3-64 hashes; layer frames only)
+//    56    8 reserved, 0 (the checksum moved to the trailer)
 //    64    2 request_id length  (<= kKvMaxIdBytes)
 //    66    2 model_id length    (<= kKvMaxIdBytes)
 //    68    4 status code (absl::StatusCode; abort and status frames)
 //
-// Layer frames carry a layer payload; abort and status frames carry the
-// status message (<= kKvMaxMessageBytes) as payload; finish frames none.
+// Layer frames carry a layer payload and its trailer: KvChecksum(payload,
+// layout.chunk_bytes()), XXH3-64 of the per-chunk XXH3-64 hashes. A trailer
+// (not a header field) lets the sender hash each chunk just before it goes
+// out, while it is in cache, instead of a whole pass over the layer before
+// the header; the receiver still validates the header before any payload
+// byte lands, and commits nothing before the trailer matched. Abort and
+// status frames carry the status message (<= kKvMaxMessageBytes) as
+// payload; finish frames none.
 // Sender to receiver: layer*, then finish or abort. Receiver to sender: one
 // status frame (OK after finish, or the error that ended the transfer).
 #ifndef BATON_WORKER_TRANSPORT_KV_WIRE_H_
@@ -40,8 +47,9 @@
 namespace baton {
 
 inline constexpr uint32_t kKvWireMagic = 0x54564B42;
-inline constexpr uint16_t kKvWireVersion = 2;
+inline constexpr uint16_t kKvWireVersion = 3;
 inline constexpr size_t kKvFrameHeaderBytes = 72;
+inline constexpr size_t kKvTrailerBytes = 8;
 inline constexpr size_t kKvMaxMessageBytes = 4096;
 
 enum class KvFrameKind : uint16_t {
@@ -52,7 +60,9 @@ enum class KvFrameKind : uint16_t {
 };
 
 // A decoded frame header. For layer frames `header` is complete once the
-// id strings (header.request_id/model_id) are read after the fixed part.
+// id strings (header.request_id/model_id) are read after the fixed part;
+// header.checksum is not on the header (encode ignores it, decode leaves 0):
+// it travels in the trailer.
 struct KvFrame {
   KvFrameKind kind = KvFrameKind::kLayer;
   KvTransferHeader header;  // request_id / model_id not filled by decode
@@ -68,9 +78,16 @@ using KvFrameBytes = std::array<uint8_t, kKvFrameHeaderBytes>;
 KvFrameBytes EncodeKvFrame(const KvFrame& frame);
 
 // InvalidArgument naming the field for a bad magic, version, kind, id
-// length, message length, or a layout/num_tokens out of range.
+// length, message length, non-zero reserved bytes, or a layout/num_tokens
+// out of range.
 absl::StatusOr<KvFrame> DecodeKvFrame(
     std::span<const uint8_t, kKvFrameHeaderBytes> bytes);
+
+using KvTrailerBytes = std::array<uint8_t, kKvTrailerBytes>;
+
+// The layer trailer: `checksum` as 8 little-endian bytes, and back.
+KvTrailerBytes EncodeKvTrailer(uint64_t checksum);
+uint64_t DecodeKvTrailer(std::span<const uint8_t, kKvTrailerBytes> bytes);
 
 }  // namespace baton
 

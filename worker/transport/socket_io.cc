@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -60,6 +61,13 @@ void Consume(iovec** iov, int* count, size_t n) {
     (*iov)[0].iov_base = static_cast<uint8_t*>((*iov)[0].iov_base) + n;
     (*iov)[0].iov_len -= n;
   }
+}
+
+// Fixed send and receive buffers (best effort); 0 keeps autotuning.
+void SetBuffers(int fd, int bytes) {
+  if (bytes <= 0) return;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 int PollMillis(absl::Duration d) {
@@ -223,22 +231,42 @@ absl::Status RecvAllV(
 
 absl::Status SendAllV(int fd, iovec* iov, int count,
                       const SocketIoOptions& options, absl::string_view what,
-                      ReadGate* gate) {
+                      ReadGate* gate, const SendPacer* pacer) {
   while (count > 0 && iov[0].iov_len == 0) {
     ++iov;
     --count;
   }
+  const size_t max_call = pacer != nullptr && pacer->max_call_bytes > 0
+                              ? pacer->max_call_bytes
+                              : SIZE_MAX;
+  uint64_t sent = 0;
   while (count > 0) {
+    // One call: at most max_call bytes over at most kMaxIov iovecs; the last
+    // iovec is shortened in place and restored after the call.
+    int n_iov = 0;
+    size_t offer = 0;
+    while (n_iov < count && n_iov < kMaxIov && offer < max_call) {
+      offer += iov[n_iov].iov_len;
+      ++n_iov;
+    }
+    const size_t last_len = iov[n_iov - 1].iov_len;
+    if (offer > max_call) {
+      iov[n_iov - 1].iov_len -= offer - max_call;
+      offer = max_call;
+    }
     msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(std::min(count, kMaxIov));
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
     if (gate != nullptr && !gate->Enter()) {
+      iov[n_iov - 1].iov_len = last_len;
       return absl::CancelledError(
           absl::StrCat("source memory released while ", what));
     }
+    if (pacer != nullptr && pacer->prepare) pacer->prepare(sent + offer);
     const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     const int err = errno;
     if (gate != nullptr) gate->Exit();
+    iov[n_iov - 1].iov_len = last_len;
     if (n < 0) {
       if (err == EINTR) continue;
       if (err == EAGAIN || err == EWOULDBLOCK) {
@@ -249,13 +277,14 @@ absl::Status SendAllV(int fd, iovec* iov, int count,
       }
       return ErrnoStatus(err, absl::StrCat("sendmsg while ", what));
     }
+    sent += static_cast<uint64_t>(n);
     Consume(&iov, &count, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<UniqueFd> TcpConnect(absl::string_view endpoint,
-                                    absl::Duration timeout) {
+                                    absl::Duration timeout, int buffer_bytes) {
   const size_t colon = endpoint.rfind(':');
   int port = 0;
   if (colon == absl::string_view::npos ||
@@ -272,6 +301,7 @@ absl::StatusOr<UniqueFd> TcpConnect(absl::string_view endpoint,
   if (absl::Status s = SetNonBlocking(fd.get()); !s.ok()) return s;
   const int one = 1;
   setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  SetBuffers(fd.get(), buffer_bytes);
   const std::string what = absl::StrCat("connecting to ", endpoint);
   if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr),
               sizeof(*addr)) != 0) {
@@ -290,7 +320,7 @@ absl::StatusOr<UniqueFd> TcpConnect(absl::string_view endpoint,
 }
 
 absl::StatusOr<UniqueFd> TcpListen(absl::string_view host, int port,
-                                   int* bound_port) {
+                                   int* bound_port, int buffer_bytes) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV listen port ", port, " must be in [0, 65535]"));
@@ -301,6 +331,7 @@ absl::StatusOr<UniqueFd> TcpListen(absl::string_view host, int port,
   if (fd.get() < 0) return ErrnoStatus(errno, "socket");
   const int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  SetBuffers(fd.get(), buffer_bytes);
   const std::string what = absl::StrCat("binding ", host, ":", port);
   if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr),
            sizeof(*addr)) != 0) {

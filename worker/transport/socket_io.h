@@ -78,25 +78,42 @@ absl::Status RecvAllV(
     absl::string_view what,
     const std::function<void(std::span<const uint8_t>)>& on_data = nullptr);
 
+// Lets a sender finish bytes of the stream just before they go out (e.g.
+// hash a chunk while it is in cache, then fill in a trailer).
+struct SendPacer {
+  // Each sendmsg is offered at most this many bytes; 0 = no limit.
+  size_t max_call_bytes = 0;
+  // Called before every sendmsg (inside the gate, if any) with the stream
+  // offset, counted from the first byte of the iovecs passed to SendAllV,
+  // up to which that call may write; it must make every byte before `end`
+  // final. Offsets never decrease from one call to the next.
+  std::function<void(uint64_t end)> prepare;
+};
+
 // Writes every byte of iov[0..count) with sendmsg(MSG_NOSIGNAL), no copies.
 // Modifies the iovec array. Any count (batches of at most IOV_MAX per call).
 // With a gate, every sendmsg runs between gate->Enter() and gate->Exit()
 // (never a wait for the peer), and a revoked gate ends the send with
 // Cancelled; the stream may then stop mid-frame, so the caller must close
-// the connection.
+// the connection. With a pacer, calls are sized and prepared as it says.
 absl::Status SendAllV(int fd, iovec* iov, int count,
                       const SocketIoOptions& options, absl::string_view what,
-                      ReadGate* gate = nullptr);
+                      ReadGate* gate = nullptr,
+                      const SendPacer* pacer = nullptr);
 
 // Connected non-blocking TCP socket with TCP_NODELAY. `endpoint` is
-// "host:port" (IPv4 dotted quad or a resolvable name).
+// "host:port" (IPv4 dotted quad or a resolvable name). buffer_bytes > 0
+// sets SO_SNDBUF and SO_RCVBUF before connecting (the kernel caps them at
+// net.core.{w,r}mem_max); 0 keeps the kernel's autotuning.
 absl::StatusOr<UniqueFd> TcpConnect(absl::string_view endpoint,
-                                    absl::Duration timeout);
+                                    absl::Duration timeout,
+                                    int buffer_bytes = 0);
 
 // Listening non-blocking socket bound to host:port (port 0 = any); *bound_port
-// receives the chosen port.
+// receives the chosen port. buffer_bytes as for TcpConnect, set on the
+// listening socket so accepted connections inherit it.
 absl::StatusOr<UniqueFd> TcpListen(absl::string_view host, int port,
-                                   int* bound_port);
+                                   int* bound_port, int buffer_bytes = 0);
 
 }  // namespace baton
 

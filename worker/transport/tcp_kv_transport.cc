@@ -60,8 +60,9 @@ void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
     absl::string_view endpoint, uint64_t transfer_id,
     const TcpKvSenderOptions& options) {
-  BATON_ASSIGN_OR_RETURN(UniqueFd fd,
-                         TcpConnect(endpoint, options.stall_timeout));
+  BATON_ASSIGN_OR_RETURN(
+      UniqueFd fd,
+      TcpConnect(endpoint, options.stall_timeout, options.socket_buffer_bytes));
   return std::unique_ptr<TcpKvSender>(
       new TcpKvSender(std::move(fd), transfer_id, options));
 }
@@ -103,7 +104,18 @@ absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
 
 absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
                                     std::span<const uint8_t> payload) {
-  const std::span<const uint8_t> chunks[1] = {payload};
+  if (header.checksum != 0) {
+    const std::span<const uint8_t> whole[1] = {payload};
+    return SendLayerChunks(header, whole, nullptr);
+  }
+  // Hashed as it goes out: in the layout's chunks, as KvChecksum cuts it.
+  const uint64_t piece = header.layout.chunk_bytes();
+  std::vector<std::span<const uint8_t>> chunks;
+  for (uint64_t off = 0; off < payload.size(); off += piece) {
+    chunks.push_back(
+        payload.subspan(off, std::min<uint64_t>(piece, payload.size() - off)));
+    if (piece == 0) break;
+  }
   return SendLayerChunks(header, chunks, nullptr);
 }
 
@@ -150,11 +162,35 @@ absl::Status TcpKvSender::SendLayerChunks(
   f.header = header;
   KvFrameBytes bytes = EncodeKvFrame(f);
   std::string ids = header.request_id + header.model_id;
+  KvTrailerBytes trailer = EncodeKvTrailer(header.checksum);
   iov_.clear();
   iov_.push_back({bytes.data(), bytes.size()});
   AppendIov(ids.data(), ids.size(), &iov_);
   for (std::span<const uint8_t> c : chunks) {
     AppendIov(c.data(), c.size(), &iov_);
+  }
+  iov_.push_back({trailer.data(), trailer.size()});
+  // Checksum 0: each chunk is hashed just before the sendmsg that first
+  // offers one of its bytes (so the kernel copies it out of cache), and the
+  // trailer is filled once the last chunk is hashed.
+  SendPacer pacer;
+  const uint64_t prefix = bytes.size() + ids.size();
+  size_t next_chunk = 0;
+  uint64_t next_start = prefix;
+  bool trailer_ready = header.checksum != 0;
+  if (!trailer_ready) {
+    checksummer_.Reset();
+    pacer.max_call_bytes = options_.send_call_bytes;
+    pacer.prepare = [&](uint64_t end) {
+      while (next_chunk < chunks.size() && next_start < end) {
+        checksummer_.AddChunk(chunks[next_chunk]);
+        next_start += chunks[next_chunk++].size();
+      }
+      if (!trailer_ready && end > prefix + payload_size) {
+        trailer = EncodeKvTrailer(checksummer_.Digest());
+        trailer_ready = true;
+      }
+    };
   }
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
@@ -162,7 +198,7 @@ absl::Status TcpKvSender::SendLayerChunks(
       SendAllV(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), io,
                absl::StrCat("sending KV layer ", header.layer, " of transfer ",
                             transfer_id_),
-               gate);
+               gate, trailer_ready ? nullptr : &pacer);
   if (!s.ok() && absl::IsUnavailable(s)) {
     // The receiver may have said why before closing.
     SocketIoOptions quick;
@@ -232,7 +268,8 @@ absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Start(
   }
   int port = 0;
   BATON_ASSIGN_OR_RETURN(UniqueFd listen_fd,
-                         TcpListen(options.host, options.port, &port));
+                         TcpListen(options.host, options.port, &port,
+                                   options.socket_buffer_bytes));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (wake.get() < 0) return absl::InternalError("eventfd failed");
   return std::unique_ptr<TcpKvReceiver>(
@@ -248,24 +285,39 @@ TcpKvReceiver::TcpKvReceiver(const TcpKvReceiverOptions& options,
       listen_fd_(std::move(listen_fd)),
       port_(port),
       wake_fd_(std::move(wake_fd)) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  absl::MutexLock lock(&mu_);
+  SpawnListener();
 }
 
 TcpKvReceiver::~TcpKvReceiver() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
-  acceptor_.join();
-  Reap(/*all=*/true);
+  std::list<Connection> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    threads.swap(connections_);
+  }
+  // Joined without mu_: a thread may still take it once (to see stopping_).
+  for (Connection& c : threads) c.thread.join();
 }
 
 std::string TcpKvReceiver::endpoint() const {
   return absl::StrCat(options_.host, ":", port_);
 }
 
-void TcpKvReceiver::Reap(bool all) {
+void TcpKvReceiver::SpawnListener() {
+  Connection& c = connections_.emplace_back();
+  c.thread = std::thread([this, &c] {
+    AcceptThenServe();
+    c.done.store(true, std::memory_order_release);
+  });
+}
+
+void TcpKvReceiver::Reap() {
   absl::MutexLock lock(&mu_);
   for (auto it = connections_.begin(); it != connections_.end();) {
-    if (all || it->done.load(std::memory_order_acquire)) {
+    if (it->done.load(std::memory_order_acquire)) {
       it->thread.join();
       it = connections_.erase(it);
     } else {
@@ -274,28 +326,37 @@ void TcpKvReceiver::Reap(bool all) {
   }
 }
 
-void TcpKvReceiver::AcceptLoop() {
-  while (true) {
+void TcpKvReceiver::AcceptThenServe() {
+  int fd = -1;
+  while (fd < 0) {
+    Reap();  // threads whose connection ended; never on a transfer's path
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
                      {wake_fd_.get(), POLLIN, 0}};
     const int rc = poll(fds, 2, 1000);
     if (fds[1].revents != 0) return;
-    Reap(/*all=*/false);
     if (rc <= 0 || fds[0].revents == 0) continue;
-    int fd = accept4(listen_fd_.get(), nullptr, nullptr,
-                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    fd = accept4(listen_fd_.get(), nullptr, nullptr,
+                 SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
     absl::MutexLock lock(&mu_);
-    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+    if (stopping_) {
       close(fd);
+      return;
+    }
+    if (num_serving_ >= options_.max_connections) {
+      close(fd);
+      fd = -1;
       continue;
     }
-    Connection& c = connections_.emplace_back();
-    c.thread = std::thread([this, fd, &c] {
-      Serve(fd);
-      c.done.store(true, std::memory_order_release);
-    });
+    ++num_serving_;
+    SpawnListener();  // the next connection's thread; this one serves fd
   }
+  Serve(fd);
+  {
+    absl::MutexLock lock(&mu_);
+    --num_serving_;
+  }
+  // This thread is joined by a later listener's Reap or at destruction.
 }
 
 void TcpKvReceiver::Serve(int raw_fd) {
@@ -406,7 +467,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       return absl::Status(code, absl::StrCat("KV transfer ", *transfer_id,
                                              " aborted by sender: ", msg));
     }
-    // Layer frame: ids, validation, payload, checksum, import.
+    // Layer frame: ids, validation, payload and trailer, checksum.
     KvTransferHeader& h = f.header;
     std::string ids(f.request_id_bytes + f.model_id_bytes, '\0');
     BATON_RETURN_IF_ERROR(RecvExact(
@@ -436,6 +497,8 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     }
     iov.clear();
     for (std::span<uint8_t> c : chunks) AppendIov(c.data(), c.size(), &iov);
+    KvTrailerBytes trailer{};
+    iov.push_back({trailer.data(), trailer.size()});
     const std::string what = absl::StrCat("receiving KV layer ", h.layer,
                                           " of transfer ", *transfer_id);
     checksummer.Reset();
@@ -447,10 +510,11 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
                               what, on_slice)));
     BATON_CHECK_EQ(next_chunk, chunks.size());
     const uint64_t sum = checksummer.Digest();
-    if (sum != h.checksum) {
+    const uint64_t expected = DecodeKvTrailer(trailer);
+    if (sum != expected) {
       return absl::DataLossError(
           absl::StrCat("KV transfer ", *transfer_id, " layer ", h.layer,
-                       ": checksum mismatch (header 0x", absl::Hex(h.checksum),
+                       ": checksum mismatch (trailer 0x", absl::Hex(expected),
                        ", payload 0x", absl::Hex(sum), ")"));
     }
     landed[static_cast<size_t>(h.layer)] = true;

@@ -1,9 +1,11 @@
 // Host KV transport over TCP: one connection per transfer, frames as in
-// kv_wire.h. The sender writes header, ids and the caller's payload (one
-// buffer, or the pool chunks of a layer) with sendmsg and no copy of the
-// payload. The receiver validates each layer header before any byte of the
-// layer is written, then recvmsg's the payload straight into the reserved
-// table's block chunks, checksumming each slice as it lands; a mismatch
+// kv_wire.h. The sender writes header, ids, the caller's payload (one
+// buffer, or the pool chunks of a layer) and the checksum trailer with
+// sendmsg and no copy of the payload; given header.checksum == 0 it hashes
+// each chunk just before the sendmsg that sends it. The receiver validates
+// each layer header before any byte of the layer is written, then
+// recvmsg's the payload straight into the reserved table's block chunks,
+// hashing each chunk as it lands, and compares the trailer; a mismatch
 // fails the transfer (DataLoss) and, as the blocks are reserved but never
 // committed before on_done OK, their bytes are never read (kv_transport.h).
 #ifndef BATON_WORKER_TRANSPORT_TCP_KV_TRANSPORT_H_
@@ -33,6 +35,14 @@ struct TcpKvSenderOptions {
   // Connect, and every later wait (socket writable, receiver's verdict),
   // fails with DeadlineExceeded after this long without progress.
   absl::Duration stall_timeout = absl::Seconds(10);
+
+  // Performance.
+  // With checksum 0 (hashed while sending), each sendmsg offers at most this
+  // many bytes, so the chunks it hashed just before are still in cache when
+  // the kernel copies them.
+  size_t send_call_bytes = size_t{256} << 10;
+  // SO_SNDBUF / SO_RCVBUF of the connection; 0 = the kernel's autotuning.
+  int socket_buffer_bytes = 0;
 };
 
 class TcpKvSender : public KvSender {
@@ -49,10 +59,16 @@ class TcpKvSender : public KvSender {
   // Aborts with Cancelled if neither Finish nor Abort was called.
   ~TcpKvSender() override;
 
+  // header.checksum == 0: the checksum is computed while sending (no pass
+  // before the header), over the layout's chunks; otherwise it is sent as
+  // given (the receiver fails the transfer with DataLoss if it is wrong).
   absl::Status SendLayer(const KvTransferHeader& header,
                          std::span<const uint8_t> payload) override;
   // Sends the chunks in place: one sendmsg iovec per run of adjacent chunks,
-  // each sendmsg under the gate (never a wait for the peer).
+  // each sendmsg under the gate (never a wait for the peer). With
+  // header.checksum == 0 each chunk is hashed, under the gate, right before
+  // the sendmsg that first offers it, and the trailer carries
+  // KvChecksumChunks(chunks).
   absl::Status SendLayerChunks(const KvTransferHeader& header,
                                std::span<const std::span<const uint8_t>> chunks,
                                KvReadGate* gate) override;
@@ -71,9 +87,10 @@ class TcpKvSender : public KvSender {
   UniqueFd fd_;
   uint64_t transfer_id_;
   TcpKvSenderOptions options_;
-  bool done_ = false;       // Finish or Abort called
-  absl::Status error_;      // first error; every later call returns it
-  std::vector<iovec> iov_;  // SendLayerChunks' iovecs, kept for reuse
+  bool done_ = false;          // Finish or Abort called
+  absl::Status error_;         // first error; every later call returns it
+  std::vector<iovec> iov_;     // SendLayerChunks' iovecs, kept for reuse
+  KvChecksummer checksummer_;  // SendLayerChunks' inline checksum
 };
 
 struct TcpKvReceiverOptions {
@@ -84,6 +101,11 @@ struct TcpKvReceiverOptions {
   absl::Duration stall_timeout = absl::Seconds(10);
   // Connections served at once; more are refused (closed on accept).
   int max_connections = 256;
+
+  // Performance.
+  // SO_SNDBUF / SO_RCVBUF of accepted connections; 0 = the kernel's
+  // autotuning.
+  int socket_buffer_bytes = 0;
 };
 
 class TcpKvReceiver : public KvReceiver {
@@ -101,6 +123,8 @@ class TcpKvReceiver : public KvReceiver {
   int port() const { return port_; }
 
  private:
+  // One thread: it waits for a connection while it is the listener, then
+  // serves the connection it accepted (see AcceptThenServe).
   struct Connection {
     std::thread thread;
     std::atomic<bool> done{false};
@@ -109,9 +133,17 @@ class TcpKvReceiver : public KvReceiver {
   TcpKvReceiver(const TcpKvReceiverOptions& options,
                 KvReceiverCallbacks callbacks, UniqueFd listen_fd, int port,
                 UniqueFd wake_fd);
-  void AcceptLoop();
-  // Joins connection threads that have finished (all if `all`).
-  void Reap(bool all);
+  // Starts a thread running AcceptThenServe. REQUIRES: !stopping_.
+  void SpawnListener() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leader/follower: exactly one thread (the listener) waits for a
+  // connection; once it accepted one it hands the listening role to a new
+  // thread and serves the connection itself, so a transfer's first frame is
+  // read by the thread the connection woke (no hand-off to a second thread
+  // on the critical path). Returns at shutdown or when the connection is
+  // served.
+  void AcceptThenServe();
+  // Joins connection threads that have finished.
+  void Reap();
   void Serve(int fd);
   // Serves one transfer; returns its final status. *transfer_known is set
   // once a frame carried a transfer id (then on_done is owed).
@@ -123,9 +155,10 @@ class TcpKvReceiver : public KvReceiver {
   UniqueFd listen_fd_;
   const int port_;
   UniqueFd wake_fd_;  // eventfd; readable once shutdown starts
-  std::thread acceptor_;
 
   absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // no new threads once set
+  int num_serving_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 
