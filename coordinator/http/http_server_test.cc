@@ -9,6 +9,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -117,6 +118,28 @@ TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
     EXPECT_TRUE(res.keep_alive());
   }
   EXPECT_EQ(Exchange(socket, bhttp::verb::get, "/nope").result_int(), 404u);
+}
+
+// Requests written back to back before any answer: the second is already
+// buffered when the first is answered and must still be parsed.
+TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  tcp::socket socket = Connect();
+  std::string wire;
+  for (int i = 0; i < 3; ++i) {
+    bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/echo", 11};
+    req.set(bhttp::field::host, "localhost");
+    req.body() = absl::StrCat("p", i);
+    req.prepare_payload();
+    std::ostringstream out;
+    out << req;
+    wire += out.str();
+  }
+  asio::write(socket, asio::buffer(wire));
+  for (int i = 0; i < 3; ++i) {
+    bhttp::response<bhttp::string_body> res;
+    bhttp::read(socket, buffer_, res);
+    EXPECT_EQ(res.body(), absl::StrCat("POST p", i));
+  }
 }
 
 TEST_F(HttpServerTest, StreamsChunksThenServesTheNextRequest) {

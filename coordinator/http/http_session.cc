@@ -165,6 +165,10 @@ void HttpSession::OnWatch(beast::error_code ec, size_t bytes) {
     if (ec) return Close();  // the client closed, or the linger timed out
     return Watch();          // nothing committed: the bytes are dropped
   }
+  // OnWrite cancelled the watch to parse a request that is already buffered.
+  if (ec == asio::error::operation_aborted && state_ == State::kReading) {
+    return DoRead();
+  }
   if (ec) {
     ClientGone();
     return Close();
@@ -276,7 +280,14 @@ void HttpSession::OnWrite(beast::error_code ec) {
   if (state_ != State::kFlushing) return;
   if (!keep_alive_) return linger_ ? Linger() : Close();
   SetState(State::kReading);
-  if (!watching_) DoRead();
+  if (!watching_) return DoRead();
+  // The next request (pipelined, or sent as soon as the response arrived)
+  // may already be buffered while the watch waits for bytes that will not
+  // come: cancel the watch, and OnWatch starts parsing.
+  if (buffer_.size() > 0) {
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);
+  }
 }
 
 void HttpSession::ResponseComplete() {
