@@ -37,7 +37,7 @@ TIE = 0.05
 POINT_FILE = re.compile(r"^(?P<shape>(?:\d+[PDC])+)-r(?P<rate>[0-9.]+|inf)\.json$")
 
 COLUMNS = [
-    "shape", "rate", "num_requests", "completed", "failed", "duration_s",
+    "shape", "rate", "offered_rate", "num_requests", "completed", "failed", "duration_s",
     "request_throughput", "output_throughput", "good_requests", "goodput",
     "slo_attainment", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
     "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
@@ -79,9 +79,17 @@ def load_points(out_dir):
             raise ReportError(f"{path}: the run had no --goodput SLO")
         sent = int(result["num_requests"])
         good = int(result["good_requests"])
+        # The rate the schedule actually offered: requests over the span of
+        # their send times (a short Poisson run can differ from the nominal
+        # rate by tens of percent).
+        sends = sorted(float(r["send_time_s"]) for r in result.get("requests", [])
+                       if r.get("sent", True) and r.get("send_time_s") is not None)
+        offered = (len(sends) - 1) / (sends[-1] - sends[0]) \
+            if len(sends) > 1 and sends[-1] > sends[0] else None
         points.append({
             "shape": match["shape"],
             "rate": match["rate"],
+            "offered_rate": offered,
             "num_requests": sent,
             "completed": int(result["completed"]),
             "failed": int(result["failed"]) + int(result.get("aborted", 0))
@@ -170,7 +178,7 @@ def write_summary(points, shapes, rates, args, path, plots):
     lines.append("")
     lines.append("## Recommendation")
     lines.append("")
-    lines.append("| offered rate (req/s) | best shape | its goodput (req/s) | SLO attainment |")
+    lines.append("| rate (req/s) | best shape | its goodput (req/s) | SLO attainment |")
     lines.append("| --- | --- | --- | --- |")
     for rate in rates:
         candidates = [by[(s, rate)] for s in shapes if (s, rate) in by]
@@ -189,10 +197,14 @@ def write_summary(points, shapes, rates, args, path, plots):
         lines.append(f"- **{s}** meets the SLOs for ≥ {args.attainment:.0%} of requests up to "
                      + (f"{cap} req/s (highest rate tried)." if cap else "none of the rates tried."))
     lines.append("")
+    lines.append("Rates are the nominal Poisson rates; the offered rate in brackets below is what the "
+                 "seeded schedule actually sent (requests − 1 over the span of their send times).")
+    lines.append("")
     lines.append("## Every point")
     lines.append("")
-    lines.append("| shape | rate | done / sent | goodput | attainment | TTFT p50 / p99 ms | "
-                 "TPOT p50 / p99 ms | E2EL p50 ms | out tok/s | client CPU % |")
+    lines.append("| shape | rate (offered) | done / sent | goodput | attainment | "
+                 "TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2EL p50 ms | out tok/s | "
+                 "client CPU % |")
     lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in shapes:
         for rate in rates:
@@ -200,7 +212,8 @@ def write_summary(points, shapes, rates, args, path, plots):
             if p is None:
                 continue
             lines.append(
-                f"| {s} | {rate} | {p['completed']} / {p['num_requests']} | "
+                f"| {s} | {rate} ({fmt(p['offered_rate'], 2)}) | "
+                f"{p['completed']} / {p['num_requests']} | "
                 f"{p['goodput']:.3f} | {p['slo_attainment']:.0%} | "
                 f"{fmt(p['ttft_p50_ms'])} / {fmt(p['ttft_p99_ms'])} | "
                 f"{fmt(p['tpot_p50_ms'])} / {fmt(p['tpot_p99_ms'])} | "
@@ -238,7 +251,7 @@ def write_plots(points, shapes, rates, out_dir, title):
     def finish(ax, ylabel, name, caption):
         ax.set_xticks(x)
         ax.set_xticklabels(rates)
-        ax.set_xlabel("offered request rate (req/s)")
+        ax.set_xlabel("nominal request rate (req/s)")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{caption}\n{title}", fontsize=10)
         ax.grid(True, alpha=0.3)

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_report  # noqa: E402
 
 
-def result(sent, good, duration_s, ttft_p99=100.0):
+def result(sent, good, duration_s, ttft_p99=100.0, sends=()):
     dist = {"count": sent, "mean": 1.0, "median": 1.0, "std": 0.0, "min": 1.0,
             "max": 1.0, "p90": 1.0, "p99": 1.0}
     return {
@@ -27,6 +27,7 @@ def result(sent, good, duration_s, ttft_p99=100.0):
         "slo": {"ttft_ms": 2000.0, "tpot_ms": 100.0, "e2el_ms": None},
         "ttft_ms": dict(dist, p99=ttft_p99), "tpot_ms": dist, "itl_ms": dist,
         "e2el_ms": dist, "bench_client": {"cpu_percent_of_one_core": 3.0},
+        "requests": [{"sent": True, "send_time_s": t} for t in sends],
     }
 
 
@@ -56,7 +57,8 @@ class SweepReportTest(unittest.TestCase):
         # within the SLO, 2C only 10. Rate inf: 2C 12 good, 1P1D 8.
         self.put("2C-r1.json", result(20, 20, 20.0))
         self.put("1P1D-r1.json", result(20, 20, 20.2))
-        self.put("2C-r4.json", result(20, 10, 5.0))
+        # 5 sends over 2 s: 4 gaps, an offered rate of 2 req/s.
+        self.put("2C-r4.json", result(20, 10, 5.0, sends=[1.0, 1.5, 2.0, 2.5, 3.0]))
         self.put("1P1D-r4.json", result(20, 18, 5.0))
         self.put("2C-rinf.json", result(20, 12, 4.0))
         self.put("1P1D-rinf.json", result(20, 8, 4.0))
@@ -78,6 +80,9 @@ class SweepReportTest(unittest.TestCase):
         self.assertEqual(rows[4]["good_requests"], "18")
         self.assertAlmostEqual(float(rows[4]["slo_attainment"]), 0.9)
         self.assertAlmostEqual(float(rows[4]["goodput"]), 3.6)
+        self.assertAlmostEqual(float(rows[1]["offered_rate"]), 2.0)
+        self.assertEqual(rows[0]["offered_rate"], "")
+        self.assertIn("| 2C | 4 (2.00) | 20 / 20 |", text)
 
     def test_equal_goodput_prefers_lower_p99_ttft(self):
         self.put("2C-r2.json", result(10, 10, 5.0, ttft_p99=900.0))
