@@ -3,9 +3,11 @@
 
     sweep_report.py OUT [--title=TEXT] [--shapes=2C,1P1D] [--total_threads=N]
                         [--attainment=0.9] [--no-plots]
+                        [--goodput="ttft:MS tpot:MS e2el:MS" --report_dir=DIR]
 
 Reads OUT/raw/SHAPE-rRATE.json (one `baton-bench --save-result` file per
-point, as scripts/pd_sweep.sh writes them) and writes:
+point, as scripts/pd_sweep.sh writes them) and writes (into --report_dir,
+default OUT):
   OUT/points.csv          one row per (shape, rate)
   OUT/goodput.png         goodput (req/s) vs offered rate, one line per shape
   OUT/ttft.png            TTFT p50 and p99 vs rate
@@ -18,7 +20,8 @@ share of the requests sent. The recommendation at each rate is the shape
 with the highest goodput (then higher attainment, then lower p99 TTFT; others
 within 5% of its goodput are named as ties); a
 shape's capacity is the highest rate at which its attainment is at least
---attainment.
+--attainment. --goodput judges the same runs under other SLOs: each point's
+good requests are recounted from its per-request records.
 """
 
 import argparse
@@ -58,7 +61,46 @@ def _dist(result, name, key):
     return None if value is None else float(value)
 
 
-def load_points(out_dir):
+SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_slo(text):
+    """"ttft:500 tpot:50" (or comma separated) -> {"ttft_ms": 500.0, ...}."""
+    slo = {}
+    for item in text.replace(",", " ").split():
+        name, sep, value = item.partition(":")
+        if not sep or name not in SLO_METRICS:
+            raise ReportError(f"--goodput: '{item}' is not METRIC:MS with METRIC one of "
+                              + ", ".join(SLO_METRICS))
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if not ms > 0:
+            raise ReportError(f"--goodput: '{item}' needs a positive number of milliseconds")
+        slo[f"{name}_ms"] = ms
+    if not slo:
+        raise ReportError("--goodput is empty")
+    return slo
+
+
+def count_good(result, slo):
+    """Requests of `result` that completed and met every SLO in `slo`."""
+    good = 0
+    for r in result.get("requests", []):
+        if not r.get("success"):
+            continue
+        ok = True
+        for key, limit in slo.items():
+            value = r.get(key)
+            # TPOT is undefined for one-token outputs: nothing to violate.
+            if value is not None and value > limit:
+                ok = False
+        good += ok
+    return good
+
+
+def load_points(out_dir, slo=None):
     raw = os.path.join(out_dir, "raw")
     if not os.path.isdir(raw):
         raise ReportError(f"no folder {raw}: run scripts/pd_sweep.sh first")
@@ -75,10 +117,19 @@ def load_points(out_dir):
             raise ReportError(f"{path}: not a baton-bench result ({e})") from e
         if not isinstance(result, dict) or "num_requests" not in result:
             raise ReportError(f"{path}: not a baton-bench result (no num_requests)")
-        if result.get("request_goodput") is None:
+        if slo is None and result.get("request_goodput") is None:
             raise ReportError(f"{path}: the run had no --goodput SLO")
         sent = int(result["num_requests"])
-        good = int(result["good_requests"])
+        if slo is None:
+            good = int(result["good_requests"])
+            goodput = float(result["request_goodput"])
+        else:
+            if "requests" not in result:
+                raise ReportError(f"{path}: no per-request records to judge --goodput by")
+            good = count_good(result, slo)
+            duration = float(result["duration_s"])
+            goodput = good / duration if duration > 0 else 0.0
+            result["slo"] = {k: slo.get(k) for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
         # The rate the schedule actually offered: requests over the span of
         # their send times (a short Poisson run can differ from the nominal
         # rate by tens of percent).
@@ -98,7 +149,7 @@ def load_points(out_dir):
             "request_throughput": float(result["request_throughput"]),
             "output_throughput": float(result["output_throughput"]),
             "good_requests": good,
-            "goodput": float(result["request_goodput"]),
+            "goodput": goodput,
             "slo_attainment": good / sent if sent else 0.0,
             "ttft_p50_ms": _dist(result, "ttft_ms", "median"),
             "ttft_p90_ms": _dist(result, "ttft_ms", "p90"),
@@ -226,7 +277,8 @@ def write_summary(points, shapes, rates, args, path, plots):
         for name, caption in plots:
             lines.append(f"![{caption}]({name})")
             lines.append("")
-    lines.append("Raw baton-bench results: `raw/`; every point: `points.csv`.")
+    raw = os.path.relpath(os.path.join(args.out, "raw"), os.path.dirname(os.path.abspath(path)))
+    lines.append(f"Raw baton-bench results: `{raw}/`; every point: `points.csv`.")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -288,21 +340,30 @@ def main(argv):
     parser.add_argument("--total_threads", type=int, default=0)
     parser.add_argument("--attainment", type=float, default=0.9)
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--goodput", default=None)
+    parser.add_argument("--report_dir", default=None)
     args = parser.parse_args(argv)
     if not 0.0 < args.attainment <= 1.0:
         print("sweep_report: --attainment must be in (0, 1]", file=sys.stderr)
         return 2
     try:
-        points = load_points(args.out)
+        slo = parse_slo(args.goodput) if args.goodput is not None else None
+    except ReportError as e:
+        print(f"sweep_report: {e}", file=sys.stderr)
+        return 2
+    try:
+        points = load_points(args.out, slo)
     except ReportError as e:
         print(f"sweep_report: {e}", file=sys.stderr)
         return 1
+    report_dir = args.report_dir or args.out
+    os.makedirs(report_dir, exist_ok=True)
     shapes = shape_order(points, args.shapes)
     rates = rate_order(points)
     points.sort(key=lambda p: (shapes.index(p["shape"]), rate_value(p["rate"])))
-    write_csv(points, os.path.join(args.out, "points.csv"))
-    plots = [] if args.no_plots else write_plots(points, shapes, rates, args.out, args.title)
-    write_summary(points, shapes, rates, args, os.path.join(args.out, "summary.md"), plots)
+    write_csv(points, os.path.join(report_dir, "points.csv"))
+    plots = [] if args.no_plots else write_plots(points, shapes, rates, report_dir, args.title)
+    write_summary(points, shapes, rates, args, os.path.join(report_dir, "summary.md"), plots)
     return 0
 
 

@@ -114,6 +114,37 @@ class SweepReportTest(unittest.TestCase):
             sweep_report.load_points(self.out)
         self.assertEqual(sweep_report.main([self.dir.name + "/missing"]), 1)
 
+    def test_other_slo_is_judged_from_the_request_records(self):
+        # Two points with per-request records: 2C has fast first tokens and
+        # slow TPOT, 1P1D the opposite.
+        def records(ttft, tpot):
+            return [{"success": True, "sent": True, "send_time_s": float(i),
+                     "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": ttft + 31 * tpot}
+                    for i in range(10)]
+        colocated = result(10, 10, 5.0)
+        colocated["requests"] = records(900.0, 30.0)
+        split = result(10, 10, 5.0)
+        split["requests"] = records(1100.0, 8.0)
+        split["requests"][0]["success"] = False  # a failed request is never good
+        self.put("2C-r2.json", colocated)
+        self.put("1P1D-r2.json", split)
+        report = os.path.join(self.out, "strict")
+        self.assertEqual(self.run_report("--goodput=ttft:2500 tpot:20",
+                                         f"--report_dir={report}"), 0)
+        with open(os.path.join(report, "summary.md"), encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn("SLO: TTFT ≤ 2500 ms, TPOT ≤ 20 ms", text)
+        self.assertIn("| 2 | **1P1D** | 1.800 | 90% |", text)
+        self.assertIn("Raw baton-bench results: `../raw/`", text)
+        self.assertEqual(self.run_report("--goodput=ttft:1000", f"--report_dir={report}"), 0)
+        with open(os.path.join(report, "summary.md"), encoding="utf-8") as f:
+            self.assertIn("| 2 | **2C** | 2.000 | 100% |", f.read())
+
+    def test_bad_goodput_is_rejected(self):
+        self.put("2C-r2.json", result(10, 10, 5.0))
+        for bad in ("ttft", "latency:5", "tpot:-1", "tpot:x", ""):
+            self.assertEqual(self.run_report(f"--goodput={bad}"), 2, bad)
+
     def test_attainment_outside_range_is_rejected(self):
         self.put("2C-r2.json", result(10, 10, 5.0))
         self.assertEqual(self.run_report("--attainment=1.5"), 2)
