@@ -20,6 +20,7 @@
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
 #include "gtest/gtest.h"
+#include "worker/engine/default_model_test_base.h"
 #include "worker/engine/engine.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
@@ -93,22 +94,8 @@ double ValueOf(const std::vector<Sample>& samples, const std::string& name,
   return value.ok() ? *value : -1;
 }
 
-class CoordinatorGenerateMetricsTest : public ::testing::Test {
+class CoordinatorGenerateMetricsTest : public testing::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
-    auto tokenizer = Tokenizer::FromGguf(*weights_->gguf());
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = tokenizer->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete weights_;
-  }
-
   void StartCoordinator() {
     auto model = ServedModel::Load(testing::DefaultModelPath());
     ASSERT_TRUE(model.ok()) << model.status();
@@ -221,14 +208,9 @@ class CoordinatorGenerateMetricsTest : public ::testing::Test {
         ValueOf(after, "baton_requests_active", {{"role", "coordinator"}}), 0);
   }
 
-  static const ModelWeights* weights_;
-  static const Tokenizer* tokenizer_;
   InProcessCoordinator coordinator_;
   std::vector<std::unique_ptr<InProcessWorker>> workers_;
 };
-
-const ModelWeights* CoordinatorGenerateMetricsTest::weights_ = nullptr;
-const Tokenizer* CoordinatorGenerateMetricsTest::tokenizer_ = nullptr;
 
 TEST_F(CoordinatorGenerateMetricsTest, SplitRequestMovesEveryCounterOnce) {
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());

@@ -18,6 +18,7 @@
 #include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/engine/default_model_test_base.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/transport/tcp_kv_transport.h"
@@ -94,22 +95,8 @@ class StuckSink : public KvSink {
   absl::Notification* release_;
 };
 
-class DisaggregationTest : public ::testing::Test {
+class DisaggregationTest : public testing::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
-    auto tokenizer = Tokenizer::FromGguf(*weights_->gguf());
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = tokenizer->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete weights_;
-  }
-
   static std::unique_ptr<Engine> MakeEngine(int64_t budget = 512,
                                             int64_t block_size = 16,
                                             int64_t blocks = 256) {
@@ -318,13 +305,7 @@ class DisaggregationTest : public ::testing::Test {
       EXPECT_FALSE(ra.tokens.empty()) << id;
     }
   }
-
-  static ModelWeights* weights_;
-  static Tokenizer* tokenizer_;
 };
-
-ModelWeights* DisaggregationTest::weights_ = nullptr;
-Tokenizer* DisaggregationTest::tokenizer_ = nullptr;
 
 }  // namespace baton::disagg_test
 

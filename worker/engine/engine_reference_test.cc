@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/default_model_test_base.h"
 #include "worker/engine/model_runner.h"
 
 namespace baton {
@@ -26,13 +27,11 @@ using Json = nlohmann::json;
 // margin are rounding noise between correct implementations, not errors.
 constexpr double kNearTie = 0.3;
 
-class EngineReferenceTest : public ::testing::Test {
+class EngineReferenceTest : public testing::DefaultModelTest {
  protected:
   static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
+    DefaultModelTest::SetUpTestSuite();
+    if (HasFatalFailure()) return;
     ThreadPoolOptions pool_options;
     pool_options.num_threads = 2;
     pool_ = ThreadPool::Create(pool_options)->release();
@@ -45,7 +44,7 @@ class EngineReferenceTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete golden_;
     delete pool_;
-    delete weights_;
+    DefaultModelTest::TearDownTestSuite();
   }
 
   // Logits of every position of `tokens` [n][vocab].
@@ -68,12 +67,10 @@ class EngineReferenceTest : public ::testing::Test {
     return logits;
   }
 
-  static ModelWeights* weights_;
   static ThreadPool* pool_;
   static Json* golden_;
 };
 
-ModelWeights* EngineReferenceTest::weights_ = nullptr;
 ThreadPool* EngineReferenceTest::pool_ = nullptr;
 Json* EngineReferenceTest::golden_ = nullptr;
 

@@ -7,6 +7,7 @@
 #include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/engine/default_model_test_base.h"
 
 namespace baton {
 namespace {
@@ -21,22 +22,8 @@ struct Result {
   int outputs = 0;
 };
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
-    auto tokenizer = Tokenizer::FromGguf(*weights_->gguf());
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = tokenizer->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete weights_;
-  }
-
   std::unique_ptr<Engine> MakeEngine(int64_t blocks = 256, int64_t budget = 512,
                                      int64_t max_seqs = 64) {
     EngineOptions options;
@@ -74,13 +61,7 @@ class EngineTest : public ::testing::Test {
     return tokenizer_->Encode("<|im_start|>user\n" + user +
                               "<|im_end|>\n<|im_start|>assistant\n");
   }
-
-  static ModelWeights* weights_;
-  static Tokenizer* tokenizer_;
 };
-
-ModelWeights* EngineTest::weights_ = nullptr;
-Tokenizer* EngineTest::tokenizer_ = nullptr;
 
 SamplingParams Greedy(int32_t max_tokens) {
   SamplingParams p;

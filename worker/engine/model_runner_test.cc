@@ -6,6 +6,7 @@
 
 #include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "worker/engine/default_model_test_base.h"
 
 namespace baton {
 namespace {
@@ -21,20 +22,18 @@ std::vector<int32_t> Tokens(int64_t n, uint32_t seed) {
   return out;
 }
 
-class ModelRunnerTest : public ::testing::Test {
+class ModelRunnerTest : public testing::DefaultModelTest {
  protected:
   static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
+    DefaultModelTest::SetUpTestSuite();
+    if (HasFatalFailure()) return;
     ThreadPoolOptions pool_options;
     pool_options.num_threads = 2;
     pool_ = ThreadPool::Create(pool_options)->release();
   }
   static void TearDownTestSuite() {
     delete pool_;
-    delete weights_;
+    DefaultModelTest::TearDownTestSuite();
   }
 
   std::unique_ptr<KvCache> MakeCache(int64_t num_blocks) {
@@ -90,11 +89,9 @@ class ModelRunnerTest : public ::testing::Test {
     return result;
   }
 
-  static ModelWeights* weights_;
   static ThreadPool* pool_;
 };
 
-ModelWeights* ModelRunnerTest::weights_ = nullptr;
 ThreadPool* ModelRunnerTest::pool_ = nullptr;
 
 TEST_F(ModelRunnerTest, LogitsAreFiniteAndVaried) {

@@ -16,6 +16,7 @@
 #include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/engine/default_model_test_base.h"
 #include "worker/engine/engine.h"
 
 namespace baton {
@@ -80,22 +81,8 @@ struct TestWorker {
   }
 };
 
-class WorkerServiceTest : public ::testing::Test {
+class WorkerServiceTest : public testing::DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    auto weights = ModelWeights::Open(testing::DefaultModelPath());
-    ASSERT_TRUE(weights.ok())
-        << weights.status() << " (run scripts/setup.sh to fetch the model)";
-    weights_ = weights->release();
-    auto tokenizer = Tokenizer::FromGguf(*weights_->gguf());
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = tokenizer->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete weights_;
-  }
-
   static std::unique_ptr<Engine> MakeEngine() {
     EngineOptions options;
     options.num_threads = 1;
@@ -197,13 +184,7 @@ class WorkerServiceTest : public ::testing::Test {
     }
     return reader->Finish();
   }
-
-  static ModelWeights* weights_;
-  static Tokenizer* tokenizer_;
 };
-
-ModelWeights* WorkerServiceTest::weights_ = nullptr;
-Tokenizer* WorkerServiceTest::tokenizer_ = nullptr;
 
 TEST_F(WorkerServiceTest, SplitRequestMatchesInProcessEngine) {
   auto prefill = StartWorker(v1::WORKER_ROLE_PREFILL);
