@@ -51,6 +51,7 @@ sanitized_run address,undefined build-address
 # health checks; the other cluster tests run under ASan only. (Frozen and
 # killed workers also make gRPC's uninstrumented cancellation paths report
 # races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
-# runs under ASan only.
+# and the in-process coordinator + workers metrics test (gRPC client and
+# server in one uninstrumented library) run under ASan only.
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled|HttpClusterTest"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics"
