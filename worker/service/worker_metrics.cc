@@ -45,20 +45,12 @@ std::string WorkerRoleLabel(v1::WorkerRole role) {
 }
 
 std::string EndStatusLabel(FinishReason reason, const absl::Status& error) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return metrics::StatusCodeLabel(error.ok() ? absl::StatusCode::kUnknown
-                                                 : error.code());
-    case FinishReason::kNone:
-      break;
+  if (reason == FinishReason::kNone) return "ok";
+  if (reason == FinishReason::kError) {
+    return metrics::StatusCodeLabel(error.ok() ? absl::StatusCode::kUnknown
+                                               : error.code());
   }
-  return "ok";
+  return std::string(FinishReasonName(reason));  // stop, length, cancelled
 }
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& registry,
