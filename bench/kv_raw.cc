@@ -20,20 +20,35 @@ namespace {
 
 using Json = nlohmann::json;
 
+// GB/s per repeat, with autotuned and with fixed socket buffers: one
+// resident message-sized buffer at each end (in cache), and source and
+// destination regions of the whole cache's size (the transfer's footprint).
 struct LoopbackFigures {
-  std::vector<double> autotuned, fixed;  // GB/s per repeat
+  std::vector<double> autotuned, fixed;
+  std::vector<double> region_autotuned, region_fixed;
   double ceiling() const { return std::max(Median(autotuned), Median(fixed)); }
+  double region_ceiling() const {
+    return std::max(Median(region_autotuned), Median(region_fixed));
+  }
 };
 
-void MeasureLoopback(uint64_t message_bytes, const RawOptions& options,
-                     LoopbackFigures* out) {
+// region_bytes 0 measures only the in-cache figures.
+void MeasureLoopback(uint64_t message_bytes, uint64_t region_bytes,
+                     const RawOptions& options, LoopbackFigures* out) {
   bench::LoopbackOptions o;
   o.message_bytes = message_bytes;
   o.total_bytes = options.loopback_bytes;
-  out->autotuned.push_back(
-      Must(bench::MeasureLoopbackTcp(o), "loopback").gb_per_s);
+  auto gbps = [&] {
+    return Must(bench::MeasureLoopbackTcp(o), "loopback").gb_per_s;
+  };
+  out->autotuned.push_back(gbps());
   o.socket_buffer_bytes = options.loopback_fixed_buffer;
-  out->fixed.push_back(Must(bench::MeasureLoopbackTcp(o), "loopback").gb_per_s);
+  out->fixed.push_back(gbps());
+  if (region_bytes == 0) return;
+  o.region_bytes = region_bytes;
+  out->region_fixed.push_back(gbps());
+  o.socket_buffer_bytes = 0;
+  out->region_autotuned.push_back(gbps());
 }
 
 // When the receiver saw each transfer's milestones (Now() seconds).
@@ -213,6 +228,7 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
     TcpKvSenderOptions so;
     so.send_call_bytes = v.send_call_bytes;
     so.socket_buffer_bytes = v.socket_buffer_bytes;
+    if (v.pooled) so.pool = std::make_shared<TcpKvConnectionPool>();
     sender_options.push_back(so);
   }
   std::vector<uint8_t> staging(layer_bytes, 0);
@@ -253,7 +269,7 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
     return t;
   };
   for (int r = 0; r < repeats; ++r) {
-    MeasureLoopback(layer_bytes, options, &loopback);
+    MeasureLoopback(layer_bytes, bytes, options, &loopback);
     for (size_t v = 0; v < receivers.size(); ++v) {
       const double start = Now();
       TransferTiming t = timed(v, nullptr, nullptr);
@@ -302,6 +318,9 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
   j["loopback_autotuned_gbps"] = loopback.autotuned;
   j["loopback_fixed_buffer_gbps"] = loopback.fixed;
   j["loopback_ceiling_gbps"] = loopback.ceiling();
+  j["loopback_region_autotuned_gbps"] = loopback.region_autotuned;
+  j["loopback_region_fixed_buffer_gbps"] = loopback.region_fixed;
+  j["loopback_region_ceiling_gbps"] = loopback.region_ceiling();
   for (size_t v = 0; v < figures.size(); ++v) {
     const VariantFigures& f = figures[v];
     Json jv;
@@ -312,6 +331,8 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
     jv["transfer_gbps_median"] = gb / Median(f.total);
     jv["transfer_pct_of_loopback"] =
         100 * gb / Median(f.total) / loopback.ceiling();
+    jv["transfer_pct_of_loopback_region"] =
+        100 * gb / Median(f.total) / loopback.region_ceiling();
     jv["sender_stages_ms"] = {{"connect", Median(f.connect) * 1e3},
                               {"chunks", Median(f.chunks) * 1e3},
                               {"send_layer", Median(f.send) * 1e3},
@@ -338,16 +359,19 @@ void PrintRaw(const Json& j) {
   for (const Json& v : j["variants"]) {
     const auto& st = v["sender_stages_ms"];
     const auto& rc = v["receiver_ms"];
-    std::printf("%-13s %6lld %6.1f %5.0f %-9s %7.2f %5.2f %5.2f %4.0f%% | ",
-                j["shape"].get<std::string>().c_str(),
-                j["tokens"].get<long long>(),
-                j["bytes"].get<double>() / 1048576,
-                j["layer_bytes"].get<double>() / 1024,
-                v["variant"].get<std::string>().c_str(),
-                Median(v["transfer_ms"].get<std::vector<double>>()),
-                v["transfer_gbps_median"].get<double>(),
-                j["loopback_ceiling_gbps"].get<double>(),
-                v["transfer_pct_of_loopback"].get<double>());
+    std::printf(
+        "%-13s %6lld %6.1f %5.0f %-9s %7.2f %5.2f %5.2f %4.0f%% %5.2f %4.0f%% "
+        "| ",
+        j["shape"].get<std::string>().c_str(), j["tokens"].get<long long>(),
+        j["bytes"].get<double>() / 1048576,
+        j["layer_bytes"].get<double>() / 1024,
+        v["variant"].get<std::string>().c_str(),
+        Median(v["transfer_ms"].get<std::vector<double>>()),
+        v["transfer_gbps_median"].get<double>(),
+        j["loopback_ceiling_gbps"].get<double>(),
+        v["transfer_pct_of_loopback"].get<double>(),
+        j["loopback_region_ceiling_gbps"].get<double>(),
+        v["transfer_pct_of_loopback_region"].get<double>());
     if (first) {
       std::printf("%5.2f %4.0f%% | ", j["send_only_gbps_median"].get<double>(),
                   j["send_only_pct_of_loopback"].get<double>());
@@ -377,7 +401,9 @@ void RunRaw(const std::vector<Shape>& shapes,
             Json& out) {
   const int repeats = std::max(1, options.repeats);
   LoopbackFigures large;
-  for (int r = 0; r < repeats; ++r) MeasureLoopback(64 << 20, options, &large);
+  for (int r = 0; r < repeats; ++r) {
+    MeasureLoopback(64 << 20, 0, options, &large);
+  }
   out["loopback_64MiB"] = {{"autotuned_gbps", large.autotuned},
                            {"fixed_buffer_gbps", large.fixed}};
   std::printf(
@@ -386,15 +412,18 @@ void RunRaw(const std::vector<Shape>& shapes,
       Median(large.autotuned), Median(large.fixed),
       options.loopback_fixed_buffer / 1024, repeats);
   std::printf(
-      "raw KV transfer, median of %d (GB/s = 1e9 bytes/s; ceiling = loopback "
-      "at the layer size, better of autotuned / fixed buffers; sender and "
-      "receiver ms from the sender's start)\n",
+      "raw KV transfer, median of %d (GB/s = 1e9 bytes/s; ceilings = loopback "
+      "with messages of the layer size, better of autotuned / fixed buffers: "
+      "ceil from one resident buffer at each end, foot from source and "
+      "destination regions of the cache's size; sender and receiver ms from "
+      "the sender's start)\n",
       repeats);
   std::printf(
-      "%-13s %6s %6s %5s %-9s %7s %5s %5s %5s | %-11s | %-26s | %-20s | %s\n",
+      "%-13s %6s %6s %5s %-9s %7s %5s %5s %5s %5s %5s | %-11s | %-26s | %-20s "
+      "| %s\n",
       "shape", "tokens", "MiB", "KiB/l", "variant", "ms", "GB/s", "ceil",
-      "%ceil", "send-only", "sender: conn lst send fin", "recv: 1st last done",
-      "alone: exp sum imp cpy");
+      "%ceil", "foot", "%foot", "send-only", "sender: conn lst send fin",
+      "recv: 1st last done", "alone: exp sum imp cpy");
   for (const Shape& shape : shapes) {
     for (int64_t n : token_counts) {
       Json j = RawCase(shape, n, options);

@@ -19,6 +19,9 @@ struct RawVariant {
   std::string name;
   size_t send_call_bytes = size_t{256} << 10;  // TcpKvSenderOptions
   int socket_buffer_bytes = 0;                 // both ends; 0 = autotuned
+  // Senders take their connection from a TcpKvConnectionPool (warmed by the
+  // warm-up transfer), as workers do; otherwise each transfer connects.
+  bool pooled = false;
 };
 
 struct RawOptions {

@@ -62,10 +62,11 @@ ABSL_FLAG(std::string, overlap_shapes, "default,llama-3.2-1b",
 ABSL_FLAG(bool, overlap_baseline, true,
           "also time each overlap prefill without a transfer");
 ABSL_FLAG(std::string, json, "", "write every figure to this JSON file");
-ABSL_FLAG(std::string, variants, "default:256:0",
+ABSL_FLAG(std::string, variants, "pooled:256:0:pooled,fresh:256:0",
           "transport configurations of the raw transfer, measured "
-          "alternately: name:send_call_KiB:socket_buffer_KiB,... "
-          "(socket buffer 0 = kernel autotuning)");
+          "alternately: name:send_call_KiB:socket_buffer_KiB[:pooled],... "
+          "(socket buffer 0 = kernel autotuning; pooled = connections "
+          "reused through a TcpKvConnectionPool, as workers do)");
 
 namespace baton::kvbench {
 namespace {
@@ -77,15 +78,16 @@ std::vector<RawVariant> ParseVariants(const std::string& s) {
   for (absl::string_view item : absl::StrSplit(s, ',', absl::SkipEmpty())) {
     const std::vector<std::string> f = absl::StrSplit(item, ':');
     int64_t call_kib = 0, buffer_kib = 0;
-    if (f.size() != 3 || f[0].empty() || !absl::SimpleAtoi(f[1], &call_kib) ||
+    if (f.size() < 3 || f.size() > 4 || f[0].empty() ||
+        !absl::SimpleAtoi(f[1], &call_kib) ||
         !absl::SimpleAtoi(f[2], &buffer_kib) || call_kib < 0 ||
-        buffer_kib < 0) {
+        buffer_kib < 0 || (f.size() == 4 && f[3] != "pooled")) {
       Die("--variants",
           absl::InvalidArgumentError(
-              "each entry must be name:send_call_KiB:buffer_KiB"));
+              "each entry must be name:send_call_KiB:buffer_KiB[:pooled]"));
     }
     out.push_back({f[0], static_cast<size_t>(call_kib) << 10,
-                   static_cast<int>(buffer_kib << 10)});
+                   static_cast<int>(buffer_kib << 10), f.size() == 4});
   }
   if (out.empty()) out.push_back(RawVariant{"default"});
   return out;

@@ -108,14 +108,21 @@ absl::StatusOr<LoopbackResult> MeasureLoopbackTcp(
   if (receiver.get() < 0) return Errno("accept");
   Configure(receiver.get(), options.socket_buffer_bytes);
 
-  // Both buffers resident before the clock starts (no page faults timed).
-  std::vector<uint8_t> out(options.message_bytes, 0x5A);
-  std::vector<uint8_t> in(options.message_bytes, 0);
+  // Both regions touched before the clock starts (no page faults timed).
+  const uint64_t slots =
+      std::max<uint64_t>(1, (options.region_bytes + options.message_bytes - 1) /
+                                options.message_bytes);
+  std::vector<uint8_t> out(slots * options.message_bytes, 0x5A);
+  std::vector<uint8_t> in(slots * options.message_bytes, 0);
+  const uint64_t message_bytes = options.message_bytes;
+  auto at = [&](std::vector<uint8_t>& v, uint64_t m) {
+    return v.data() + (m % slots) * message_bytes;
+  };
 
   bool receiver_ok = true;
   std::thread reader([&] {
     for (uint64_t m = 0; m < messages && receiver_ok; ++m) {
-      receiver_ok = RecvAll(receiver.get(), in.data(), in.size());
+      receiver_ok = RecvAll(receiver.get(), at(in, m), message_bytes);
     }
     const uint8_t ack = 1;
     if (receiver_ok) receiver_ok = SendAll(receiver.get(), &ack, 1);
@@ -123,7 +130,7 @@ absl::StatusOr<LoopbackResult> MeasureLoopbackTcp(
   const auto start = std::chrono::steady_clock::now();
   bool sender_ok = true;
   for (uint64_t m = 0; m < messages && sender_ok; ++m) {
-    sender_ok = SendAll(sender.get(), out.data(), out.size());
+    sender_ok = SendAll(sender.get(), at(out, m), message_bytes);
   }
   uint8_t ack = 0;
   if (sender_ok) sender_ok = RecvAll(sender.get(), &ack, 1);

@@ -23,6 +23,14 @@ struct LoopbackOptions {
   // the kernel's autotuning (what the host KV transport uses). The kernel
   // caps a request at net.core.{w,r}mem_max.
   int socket_buffer_bytes = 0;
+  // Size of the sender's source and the receiver's destination region: the
+  // sender sends message after message from consecutive offsets of its
+  // region and the receiver reads each into the next offset of its own,
+  // wrapping around (rounded up to whole messages). 0 = one message: both
+  // ends reuse one cache-resident buffer, as iperf-style tools do. Set it to
+  // a KV cache's size to move the same bytes between regions of the same
+  // footprint as the transfer does (memory traffic included).
+  uint64_t region_bytes = 0;
 };
 
 struct LoopbackResult {

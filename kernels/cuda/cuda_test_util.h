@@ -5,7 +5,7 @@
 #ifndef BATON_KERNELS_CUDA_CUDA_TEST_UTIL_H_
 #define BATON_KERNELS_CUDA_CUDA_TEST_UTIL_H_
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>

@@ -173,8 +173,11 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
   PrefillOptions prefill_options;
-  prefill_options.make_sink = TcpKvSinkFactory(target.endpoint().address(),
-                                               transfer_id, options_.model_id);
+  TcpKvSenderOptions sender_options;
+  sender_options.pool = kv_connections_;
+  prefill_options.make_sink =
+      TcpKvSinkFactory(target.endpoint().address(), transfer_id,
+                       options_.model_id, sender_options);
   prefill_options.timeout = options_.handoff_timeout;
   {
     absl::MutexLock lock(&mu_);

@@ -157,6 +157,10 @@ class WorkerService final : public v1::Worker::CallbackService {
   const WorkerServiceOptions options_;
   Engine* const engine_;
   std::unique_ptr<TcpKvReceiver> receiver_;
+  // Idle connections to decode workers' KV receivers, reused by the next
+  // handoff to the same worker.
+  const std::shared_ptr<TcpKvConnectionPool> kv_connections_ =
+      std::make_shared<TcpKvConnectionPool>();
   std::unique_ptr<EngineLoop> loop_;
   std::atomic<uint64_t> next_transfer_id_;
   const std::unique_ptr<WorkerMetrics> metrics_;

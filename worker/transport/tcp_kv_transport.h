@@ -1,13 +1,15 @@
-// Host KV transport over TCP: one connection per transfer, frames as in
-// kv_wire.h. The sender writes header, ids, the caller's payload (one
-// buffer, or the pool chunks of a layer) and the checksum trailer with
-// sendmsg and no copy of the payload; given header.checksum == 0 it hashes
-// each chunk just before the sendmsg that sends it. The receiver validates
-// each layer header before any byte of the layer is written, then
-// recvmsg's the payload straight into the reserved table's block chunks,
-// hashing each chunk as it lands, and compares the trailer; a mismatch
-// fails the transfer (DataLoss) and, as the blocks are reserved but never
-// committed before on_done OK, their bytes are never read (kv_transport.h).
+// Host KV transport over TCP: one transfer at a time per connection, frames
+// as in kv_wire.h; a connection carries transfer after transfer when the
+// sender's options name a TcpKvConnectionPool (tcp_kv_connection_pool.h). The
+// sender writes header, ids, the caller's payload (one buffer, or the pool
+// chunks of a layer) and the checksum trailer with sendmsg and no copy of the
+// payload; given header.checksum == 0 it hashes each chunk just before the
+// sendmsg that sends it. The receiver validates each layer header before any
+// byte of the layer is written, then recvmsg's the payload straight into the
+// reserved table's block chunks, hashing each chunk as it lands, and compares
+// the trailer; a mismatch fails the transfer (DataLoss) and, as the blocks are
+// reserved but never committed before on_done OK, their bytes are never read
+// (kv_transport.h).
 #ifndef BATON_WORKER_TRANSPORT_TCP_KV_TRANSPORT_H_
 #define BATON_WORKER_TRANSPORT_TCP_KV_TRANSPORT_H_
 
@@ -28,6 +30,7 @@
 #include "worker/transport/kv_transport.h"
 #include "worker/transport/kv_wire.h"
 #include "worker/transport/socket_io.h"
+#include "worker/transport/tcp_kv_connection_pool.h"
 
 namespace baton {
 
@@ -43,6 +46,11 @@ struct TcpKvSenderOptions {
   size_t send_call_bytes = size_t{256} << 10;
   // SO_SNDBUF / SO_RCVBUF of the connection; 0 = the kernel's autotuning.
   int socket_buffer_bytes = 0;
+  // May be null. Set: Connect takes an idle connection from it (or connects
+  // anew) and a transfer that ends with the receiver's OK returns its
+  // connection there; otherwise each transfer connects afresh. Shared: a
+  // sender keeps the pool alive until it is destroyed.
+  std::shared_ptr<TcpKvConnectionPool> pool = nullptr;
 };
 
 class TcpKvSender : public KvSender {
@@ -76,7 +84,7 @@ class TcpKvSender : public KvSender {
   void Abort(absl::Status reason) override;
 
  private:
-  TcpKvSender(UniqueFd fd, uint64_t transfer_id,
+  TcpKvSender(UniqueFd fd, std::string endpoint, uint64_t transfer_id,
               const TcpKvSenderOptions& options);
   // Reads the receiver's status frame, waiting per io; returns the status it
   // carries (prefixed), or the I/O error.
@@ -85,6 +93,7 @@ class TcpKvSender : public KvSender {
   absl::Status Fail(absl::Status status);
 
   UniqueFd fd_;
+  std::string endpoint_;
   uint64_t transfer_id_;
   TcpKvSenderOptions options_;
   bool done_ = false;          // Finish or Abort called
@@ -101,6 +110,10 @@ struct TcpKvReceiverOptions {
   absl::Duration stall_timeout = absl::Seconds(10);
   // Connections served at once; more are refused (closed on accept).
   int max_connections = 256;
+  // A connection with no transfer in progress is closed after this long
+  // without the next transfer's first frame (the sender's pool drops idle
+  // connections sooner: TcpKvConnectionPoolOptions::max_idle).
+  absl::Duration idle_timeout = absl::Seconds(60);
 
   // Performance.
   // SO_SNDBUF / SO_RCVBUF of accepted connections; 0 = the kernel's

@@ -1,5 +1,3 @@
-#include "worker/transport/tcp_kv_transport.h"
-
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -13,246 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "worker/transport/tcp_kv_internal.h"
+#include "worker/transport/tcp_kv_transport.h"
 
 namespace baton {
-namespace {
 
-// How long a receiver lingers after sending an error, draining the sender's
-// bytes so the sender reads the error instead of a reset.
-constexpr absl::Duration kMaxLinger = absl::Seconds(2);
-
-// Sends a status (or abort) frame; best effort, bounded by io.
-absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
-                             const absl::Status& status,
-                             const SocketIoOptions& io) {
-  KvFrame f;
-  f.kind = kind;
-  f.header.transfer_id = transfer_id;
-  f.status_code = static_cast<uint32_t>(status.code());
-  absl::string_view msg = status.message();
-  msg = msg.substr(0, kKvMaxMessageBytes);
-  f.header.payload_bytes = msg.size();
-  KvFrameBytes bytes = EncodeKvFrame(f);
-  iovec iov[2] = {{bytes.data(), bytes.size()},
-                  {const_cast<char*>(msg.data()), msg.size()}};
-  return SendAllV(fd, iov, 2, io, "sending KV status frame");
-}
-
-// Appends [base, base + len) to iov, merged into the last entry when it
-// continues it (adjacent block ids are adjacent in a layer of the pool).
-void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {
-  if (len == 0) return;
-  void* p = const_cast<void*>(base);
-  if (!iov->empty()) {
-    iovec& last = iov->back();
-    if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == p) {
-      last.iov_len += len;
-      return;
-    }
-  }
-  iov->push_back({p, len});
-}
-
-}  // namespace
-
-// ----------------------------------------------------------------- sender
-
-absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
-    absl::string_view endpoint, uint64_t transfer_id,
-    const TcpKvSenderOptions& options) {
-  BATON_ASSIGN_OR_RETURN(
-      UniqueFd fd,
-      TcpConnect(endpoint, options.stall_timeout, options.socket_buffer_bytes));
-  return std::unique_ptr<TcpKvSender>(
-      new TcpKvSender(std::move(fd), transfer_id, options));
-}
-
-TcpKvSender::TcpKvSender(UniqueFd fd, uint64_t transfer_id,
-                         const TcpKvSenderOptions& options)
-    : fd_(std::move(fd)), transfer_id_(transfer_id), options_(options) {}
-
-TcpKvSender::~TcpKvSender() {
-  if (!done_) Abort(absl::CancelledError("sender destroyed before Finish"));
-}
-
-absl::Status TcpKvSender::Fail(absl::Status status) {
-  if (error_.ok()) error_ = std::move(status);
-  fd_.Reset();
-  return error_;
-}
-
-absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
-  KvFrameBytes bytes;
-  BATON_RETURN_IF_ERROR(
-      RecvExact(fd_.get(), bytes, io, "reading the KV receiver's verdict"));
-  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
-  if (f.kind != KvFrameKind::kStatus) {
-    return absl::InternalError(absl::StrCat("KV receiver sent frame kind ",
-                                            static_cast<int>(f.kind),
-                                            " instead of a status"));
-  }
-  std::string msg(f.header.payload_bytes, '\0');
-  BATON_RETURN_IF_ERROR(RecvExact(
-      fd_.get(),
-      std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
-      io, "reading the KV receiver's verdict message"));
-  if (f.status_code == 0) return absl::OkStatus();
-  return absl::Status(
-      static_cast<absl::StatusCode>(f.status_code),
-      absl::StrCat("KV receiver rejected transfer ", transfer_id_, ": ", msg));
-}
-
-absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
-                                    std::span<const uint8_t> payload) {
-  if (header.checksum != 0) {
-    const std::span<const uint8_t> whole[1] = {payload};
-    return SendLayerChunks(header, whole, nullptr);
-  }
-  // Hashed as it goes out: in the layout's chunks, as KvChecksum cuts it.
-  const uint64_t piece = header.layout.chunk_bytes();
-  std::vector<std::span<const uint8_t>> chunks;
-  for (uint64_t off = 0; off < payload.size(); off += piece) {
-    chunks.push_back(
-        payload.subspan(off, std::min<uint64_t>(piece, payload.size() - off)));
-    if (piece == 0) break;
-  }
-  return SendLayerChunks(header, chunks, nullptr);
-}
-
-absl::Status TcpKvSender::SendLayerChunks(
-    const KvTransferHeader& header,
-    std::span<const std::span<const uint8_t>> chunks, KvReadGate* gate) {
-  if (!error_.ok()) return error_;
-  if (done_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "KV transfer ", transfer_id_, ": SendLayer after Finish/Abort"));
-  }
-  // Caller errors: nothing is sent, the transfer stays usable.
-  if (header.transfer_id != transfer_id_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV header transfer_id ", header.transfer_id,
-                     " vs this sender's ", transfer_id_));
-  }
-  uint64_t payload_size = 0;
-  for (std::span<const uint8_t> c : chunks) payload_size += c.size();
-  if (header.payload_bytes != payload_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV header payload_bytes ", header.payload_bytes,
-                     " vs payload size ", payload_size));
-  }
-  if (header.request_id.size() > kKvMaxIdBytes ||
-      header.model_id.size() > kKvMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV header request_id / model_id longer than ", kKvMaxIdBytes));
-  }
-  // An early verdict (the receiver rejected an earlier layer) is readable.
-  pollfd pfd{fd_.get(), POLLIN, 0};
-  if (poll(&pfd, 1, 0) > 0) {
-    SocketIoOptions io;
-    io.stall_timeout = options_.stall_timeout;
-    absl::Status verdict = ReadVerdict(io);
-    if (verdict.ok()) {
-      verdict = absl::InternalError(absl::StrCat(
-          "KV receiver ended transfer ", transfer_id_, " before Finish"));
-    }
-    return Fail(verdict);
-  }
-  KvFrame f;
-  f.kind = KvFrameKind::kLayer;
-  f.header = header;
-  KvFrameBytes bytes = EncodeKvFrame(f);
-  std::string ids = header.request_id + header.model_id;
-  KvTrailerBytes trailer = EncodeKvTrailer(header.checksum);
-  iov_.clear();
-  iov_.push_back({bytes.data(), bytes.size()});
-  AppendIov(ids.data(), ids.size(), &iov_);
-  for (std::span<const uint8_t> c : chunks) {
-    AppendIov(c.data(), c.size(), &iov_);
-  }
-  iov_.push_back({trailer.data(), trailer.size()});
-  // Checksum 0: each chunk is hashed just before the sendmsg that first
-  // offers one of its bytes (so the kernel copies it out of cache), and the
-  // trailer is filled once the last chunk is hashed.
-  SendPacer pacer;
-  const uint64_t prefix = bytes.size() + ids.size();
-  size_t next_chunk = 0;
-  uint64_t next_start = prefix;
-  bool trailer_ready = header.checksum != 0;
-  if (!trailer_ready) {
-    checksummer_.Reset();
-    pacer.max_call_bytes = options_.send_call_bytes;
-    pacer.prepare = [&](uint64_t end) {
-      while (next_chunk < chunks.size() && next_start < end) {
-        checksummer_.AddChunk(chunks[next_chunk]);
-        next_start += chunks[next_chunk++].size();
-      }
-      if (!trailer_ready && end > prefix + payload_size) {
-        trailer = EncodeKvTrailer(checksummer_.Digest());
-        trailer_ready = true;
-      }
-    };
-  }
-  SocketIoOptions io;
-  io.stall_timeout = options_.stall_timeout;
-  absl::Status s =
-      SendAllV(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), io,
-               absl::StrCat("sending KV layer ", header.layer, " of transfer ",
-                            transfer_id_),
-               gate, trailer_ready ? nullptr : &pacer);
-  if (!s.ok() && absl::IsUnavailable(s)) {
-    // The receiver may have said why before closing.
-    SocketIoOptions quick;
-    quick.stall_timeout = absl::Milliseconds(100);
-    absl::Status verdict = ReadVerdict(quick);
-    if (!verdict.ok() && !absl::IsUnavailable(verdict) &&
-        !absl::IsDeadlineExceeded(verdict)) {
-      s = verdict;
-    }
-  }
-  // A revoked gate may leave a frame cut short: Fail closes the connection,
-  // so the receiver sees a disconnect, never a misframed stream.
-  if (!s.ok()) return Fail(s);
-  return absl::OkStatus();
-}
-
-absl::Status TcpKvSender::Finish() {
-  if (!error_.ok()) return error_;
-  if (done_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "KV transfer ", transfer_id_, ": Finish after Finish/Abort"));
-  }
-  done_ = true;
-  KvFrame f;
-  f.kind = KvFrameKind::kFinish;
-  f.header.transfer_id = transfer_id_;
-  KvFrameBytes bytes = EncodeKvFrame(f);
-  iovec iov[1] = {{bytes.data(), bytes.size()}};
-  SocketIoOptions io;
-  io.stall_timeout = options_.stall_timeout;
-  absl::Status sent = SendAllV(fd_.get(), iov, 1, io, "sending KV finish");
-  // Even if the send failed, the receiver may have left a verdict.
-  absl::Status verdict = ReadVerdict(io);
-  if (!verdict.ok()) return Fail(sent.ok() ? verdict : sent);
-  if (!sent.ok()) return Fail(sent);
-  fd_.Reset();
-  return absl::OkStatus();
-}
-
-void TcpKvSender::Abort(absl::Status reason) {
-  if (done_ || fd_.get() < 0) {
-    done_ = true;
-    return;
-  }
-  done_ = true;
-  if (reason.ok()) reason = absl::CancelledError("aborted by sender");
-  SocketIoOptions io;
-  io.stall_timeout = options_.stall_timeout;
-  SendStatusFrame(fd_.get(), KvFrameKind::kAbort, transfer_id_, reason, io)
-      .IgnoreError();
-  Fail(PrefixStatus(absl::StrCat("KV transfer ", transfer_id_, " aborted: "),
-                    reason))
-      .IgnoreError();
-}
+using tcp_kv_internal::AppendIov;
+using tcp_kv_internal::kMaxLinger;
+using tcp_kv_internal::SendStatusFrame;
 
 // --------------------------------------------------------------- receiver
 
@@ -361,17 +127,26 @@ void TcpKvReceiver::AcceptThenServe() {
 
 void TcpKvReceiver::Serve(int raw_fd) {
   UniqueFd fd(raw_fd);
-  uint64_t transfer_id = 0;
-  bool known = false;
-  absl::Status status = ServeTransfer(fd.get(), &transfer_id, &known);
-  if (known) callbacks_.on_done(transfer_id, status);
   SocketIoOptions io;
-  io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
-  io.cancel_fd = wake_fd_.get();
-  if (!SendStatusFrame(fd.get(), KvFrameKind::kStatus, transfer_id, status, io)
-           .ok() ||
-      status.ok()) {
-    return;
+  absl::Status status;
+  // Transfers one after another until the sender closes the connection
+  // between two of them (or one fails).
+  while (true) {
+    uint64_t transfer_id = 0;
+    bool known = false;
+    status = ServeTransfer(fd.get(), &transfer_id, &known);
+    // No frame of a new transfer: the sender closed an idle connection (OK),
+    // the connection stayed idle past idle_timeout, or shutdown began.
+    if (!known) return;
+    callbacks_.on_done(transfer_id, status);
+    io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
+    io.cancel_fd = wake_fd_.get();
+    if (!SendStatusFrame(fd.get(), KvFrameKind::kStatus, transfer_id, status,
+                         io)
+             .ok()) {
+      return;
+    }
+    if (!status.ok()) break;
   }
   // Linger: drain what the sender still writes so it reads the error
   // rather than a connection reset. Nothing drained reaches the pool.
@@ -417,9 +192,17 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
         *known ? absl::StrCat("KV transfer ", *transfer_id, " after ",
                               num_landed, " of ", landed.size(), " layers")
                : std::string("a new KV transfer");
+    // Before a transfer's first frame the connection is idle: it may wait
+    // for the next transfer up to idle_timeout, and may end there.
+    SocketIoOptions frame_io = io;
+    if (!*known) {
+      frame_io.stall_timeout =
+          std::max(options_.stall_timeout, options_.idle_timeout);
+    }
     BATON_RETURN_IF_ERROR(PrefixStatus(
         absl::StrCat(progress, ": "),
-        RecvExact(fd, bytes, io, "waiting for the next frame", &eof)));
+        RecvExact(fd, bytes, frame_io, "waiting for the next frame", &eof)));
+    if (eof && !*known) return absl::OkStatus();
     if (eof) {
       return absl::UnavailableError(absl::StrCat(
           progress, ": sender closed the connection without Finish"));

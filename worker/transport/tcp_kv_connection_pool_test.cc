@@ -1,0 +1,122 @@
+#include "worker/transport/tcp_kv_connection_pool.h"
+
+#include <sys/socket.h>
+
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "worker/transport/kv_transport_test_util.h"
+#include "worker/transport/tcp_kv_transport.h"
+
+namespace baton::kvtest {
+namespace {
+
+// Sends every layer of `src` as transfer `id` through a sender on `pool`;
+// the transfer's final status.
+absl::Status Transfer(const KvReceiver& receiver, const PrefillSide& src,
+                      uint64_t id,
+                      const std::shared_ptr<TcpKvConnectionPool>& pool) {
+  TcpKvSenderOptions o;
+  o.pool = pool;
+  auto sender = TcpKvSender::Connect(receiver.endpoint(), id, o);
+  if (!sender.ok()) return sender.status();
+  for (int64_t l = 0; l < kLayers; ++l) {
+    if (absl::Status s = SendLayer(**sender, src, id, l); !s.ok()) return s;
+  }
+  return (*sender)->Finish();
+}
+
+TEST(TcpKvConnectionPoolTest, TransfersShareOneConnection) {
+  PrefillSide src(/*num_blocks=*/64, /*num_tokens=*/100, /*seed=*/3);
+  DecodeSide decode(/*num_blocks=*/64);
+  auto receiver = StartReceiver(decode);
+  auto pool = std::make_shared<TcpKvConnectionPool>();
+  for (uint64_t id = 1; id <= 3; ++id) {
+    decode.Expect(id, 100);
+    ASSERT_TRUE(Transfer(*receiver, src, id, pool).ok()) << id;
+    EXPECT_TRUE(decode.WaitDone(id).ok());
+    for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(id, src, l);
+    // The connection went back to the pool and is taken again next time.
+    EXPECT_EQ(pool->idle_count(), 1u);
+  }
+  bool reused = false;
+  auto fd = pool->Acquire(receiver->endpoint(), absl::Seconds(1), 0, &reused);
+  ASSERT_TRUE(fd.ok());
+  EXPECT_TRUE(reused);
+}
+
+TEST(TcpKvConnectionPoolTest, RejectedTransferClosesItsConnection) {
+  PrefillSide src(/*num_blocks=*/64, /*num_tokens=*/100, /*seed=*/4);
+  DecodeSide decode(/*num_blocks=*/64);
+  auto receiver = StartReceiver(decode);
+  auto pool = std::make_shared<TcpKvConnectionPool>();
+  // No reservation for transfer 9: the receiver rejects it with NotFound.
+  const absl::Status s = Transfer(*receiver, src, 9, pool);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(pool->idle_count(), 0u);
+  // A later transfer connects afresh and lands.
+  decode.Expect(10, 100);
+  EXPECT_TRUE(Transfer(*receiver, src, 10, pool).ok());
+  EXPECT_EQ(pool->idle_count(), 1u);
+}
+
+TEST(TcpKvConnectionPoolTest, ConnectionTheReceiverClosedIsNotReused) {
+  PrefillSide src(/*num_blocks=*/64, /*num_tokens=*/40, /*seed=*/5);
+  DecodeSide decode(/*num_blocks=*/64);
+  TcpKvReceiverOptions ro;
+  ro.idle_timeout = absl::Milliseconds(100);
+  ro.stall_timeout = absl::Milliseconds(100);
+  auto receiver = TcpKvReceiver::Start(ro, decode.Callbacks());
+  ASSERT_TRUE(receiver.ok());
+  auto pool = std::make_shared<TcpKvConnectionPool>();
+  decode.Expect(1, 40);
+  ASSERT_TRUE(Transfer(**receiver, src, 1, pool).ok());
+  ASSERT_EQ(pool->idle_count(), 1u);
+  // The receiver closes the idle connection after 100 ms.
+  absl::SleepFor(absl::Milliseconds(400));
+  bool reused = true;
+  auto fd =
+      pool->Acquire((*receiver)->endpoint(), absl::Seconds(1), 0, &reused);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_FALSE(reused);
+  EXPECT_EQ(pool->idle_count(), 0u);
+  // Transfers still land on the fresh connections.
+  decode.Expect(2, 40);
+  EXPECT_TRUE(Transfer(**receiver, src, 2, pool).ok());
+}
+
+TEST(TcpKvConnectionPoolTest, OldIdleConnectionsExpireAndTheListIsBounded) {
+  int port = 0;
+  auto listener = TcpListen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  TcpKvConnectionPoolOptions o;
+  o.max_idle_per_endpoint = 2;
+  o.max_idle = absl::Milliseconds(50);
+  TcpKvConnectionPool pool(o);
+  for (int i = 0; i < 3; ++i) {
+    auto fd = pool.Acquire(endpoint, absl::Seconds(1), 0);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    pool.Release(endpoint, std::move(fd).value());
+    // Acquire takes the idle one back each time: one connection in all.
+    EXPECT_EQ(pool.idle_count(), 1u);
+  }
+  auto a = pool.Acquire(endpoint, absl::Seconds(1), 0);
+  auto b = pool.Acquire(endpoint, absl::Seconds(1), 0);
+  auto c = pool.Acquire(endpoint, absl::Seconds(1), 0);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  pool.Release(endpoint, std::move(a).value());
+  pool.Release(endpoint, std::move(b).value());
+  pool.Release(endpoint, std::move(c).value());
+  EXPECT_EQ(pool.idle_count(), 2u);  // the oldest was closed
+  absl::SleepFor(absl::Milliseconds(100));
+  bool reused = true;
+  auto d = pool.Acquire(endpoint, absl::Seconds(1), 0, &reused);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(reused);  // both idle ones were past max_idle
+  EXPECT_EQ(pool.idle_count(), 0u);
+}
+
+}  // namespace
+}  // namespace baton::kvtest
