@@ -81,6 +81,13 @@ absl::Status GenerateCall::Route() {
     request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
     request.set_max_tokens(job_.sampling.max_tokens());
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
+    // The reservation outlives the request's deadline by a little at most
+    // (the worker's default TTL when the request has none).
+    if (job_.deadline != absl::InfiniteFuture()) {
+      request.set_reservation_ttl_ms(absl::ToDoubleMilliseconds(
+          std::max(job_.deadline - absl::Now(), absl::ZeroDuration()) +
+          absl::Seconds(5)));
+    }
     grpc::ClientContext context;
     context.set_deadline(
         std::min(absl::ToChronoTime(job_.deadline),

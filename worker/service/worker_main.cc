@@ -39,6 +39,9 @@ ABSL_FLAG(int32_t, threads, 1, "compute threads of the engine");
 ABSL_FLAG(int64_t, kv_cache_mib, 512, "KV pool size in MiB");
 ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
           "host:port of the TCP KV receiver (decode and both roles)");
+ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
+          "a KV reservation (ReserveKv) whose transfer has not started after "
+          "this long is freed, unless the request sets its own TTL");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator; empty: run standalone");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -157,6 +160,10 @@ class Registrar {
       for (const std::string& id : response.orphaned_request_ids()) {
         service_->CancelRequest(id, "orphaned");
       }
+      for (const std::string& id : service_->ExpireReservations()) {
+        Log(absl::StrCat("KV reservation of ", id,
+                         " expired before its transfer started"));
+      }
       wait = interval_;
     }
   }
@@ -270,6 +277,12 @@ int Main() {
                          : std::filesystem::path(model_path).stem().string();
   options.kv_host = kv_host;
   options.kv_port = kv_port;
+  if (absl::GetFlag(FLAGS_reservation_ttl_ms) < 1) {
+    Log("--reservation_ttl_ms must be >= 1");
+    return 2;
+  }
+  options.reservation_ttl =
+      absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
   auto service = WorkerService::Create(options, engine->get());
   if (!service.ok()) {
     Log(service.status().ToString());

@@ -47,6 +47,10 @@ struct WorkerServiceOptions {
   int kv_port = 0;
   // A prefill's handoff fails (and frees its blocks) after this long.
   std::chrono::milliseconds handoff_timeout{30000};
+  // A ReserveKv whose transfer has not started within its
+  // reservation_ttl_ms (this default when the request gives 0) is freed by
+  // ExpireReservations.
+  absl::Duration reservation_ttl = absl::Minutes(10);
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;
@@ -79,6 +83,10 @@ class WorkerService final : public v1::Worker::CallbackService {
   // Frees every lease of request_id here, as the Cancel RPC does; returns
   // whether the request was known.
   bool CancelRequest(const std::string& request_id, const std::string& reason);
+  // Frees every reservation whose transfer has not started by its deadline
+  // (and whose KV has not landed); returns the request ids freed. The
+  // heartbeat loop calls it every interval.
+  std::vector<std::string> ExpireReservations(absl::Time now = absl::Now());
   // The worker's Prometheus metrics; their gauges are refreshed from the
   // engine before every collection of the metrics registry (and by
   // RefreshMetrics).
@@ -109,6 +117,8 @@ class WorkerService final : public v1::Worker::CallbackService {
   // A ReserveKv whose Decode has not started yet.
   struct PendingImport {
     uint64_t transfer_id = 0;
+    // ExpireReservations frees it after this unless its transfer started.
+    absl::Time expires = absl::InfiniteFuture();
     bool landed = false;
     absl::Status landed_status;
     // A Decode that arrived before the KV landed, and its request.

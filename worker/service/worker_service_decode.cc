@@ -83,7 +83,13 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
                          absl::InvalidArgumentError(absl::StrCat(
                              "request_id: '", id, "' already holds KV here")));
     }
-    imports_[id].transfer_id = transfer_id;
+    PendingImport& pending = imports_[id];
+    pending.transfer_id = transfer_id;
+    const absl::Duration ttl =
+        request->reservation_ttl_ms() > 0
+            ? absl::Milliseconds(request->reservation_ttl_ms())
+            : options_.reservation_ttl;
+    pending.expires = absl::Now() + ttl;
   }
   ImportOptions import_options;
   import_options.transfer_id = transfer_id;
@@ -248,6 +254,37 @@ void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
     return;
   }
   loop_->Wake();
+}
+
+}  // namespace baton
+
+namespace baton {
+
+std::vector<std::string> WorkerService::ExpireReservations(absl::Time now) {
+  // Transfers that started (their first frame arrived) are bounded by the
+  // receiver's stall timeout instead. Snapshot first: the two locks are
+  // never held together.
+  absl::flat_hash_set<uint64_t> started;
+  {
+    absl::MutexLock lock(&inbound_mu_);
+    for (const auto& [transfer_id, inbound] : inbound_) {
+      started.insert(transfer_id);
+    }
+  }
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, pending] : imports_) {
+      if (!pending.landed && now >= pending.expires &&
+          !started.contains(pending.transfer_id)) {
+        expired.push_back(id);
+      }
+    }
+  }
+  for (const std::string& id : expired) {
+    CancelRequest(id, "KV reservation expired before its transfer started");
+  }
+  return expired;
 }
 
 }  // namespace baton

@@ -429,6 +429,32 @@ TEST_F(WorkerServiceTest, CancelFreesBlocks) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+// A reservation whose transfer never starts is freed once its TTL passed,
+// and only then.
+TEST_F(WorkerServiceTest, ReservationExpiresWithoutItsTransfer) {
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(decode, nullptr);
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("ttl-1");
+  reserve.set_num_prompt_tokens(40);
+  reserve.set_max_tokens(10);
+  reserve.set_reservation_ttl_ms(60000);
+  v1::ReserveKvResponse reserved;
+  {
+    auto context = Context();
+    ASSERT_TRUE(
+        decode->stub->ReserveKv(context.get(), reserve, &reserved).ok());
+  }
+  ASSERT_GT(reserved.blocks_reserved(), 0);
+  WorkerService& service = *decode->service;
+  EXPECT_TRUE(service.ExpireReservations().empty());  // within its TTL
+  EXPECT_EQ(service.LeasedRequestIds(), std::vector<std::string>{"ttl-1"});
+  EXPECT_EQ(service.ExpireReservations(absl::Now() + absl::Seconds(61)),
+            std::vector<std::string>{"ttl-1"});
+  const v1::WorkerLoad load = decode->WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+}
+
 TEST_F(WorkerServiceTest, BadRequestsGetTheirStatusCodes) {
   auto both = StartWorker(v1::WORKER_ROLE_BOTH);
   ASSERT_NE(both, nullptr);
