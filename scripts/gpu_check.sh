@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The GPU check: every CUDA test and the GPU benchmarks on one GPU machine,
+# with full logs in $OUT and a short table printed last (docs/gpu.md).
+#
+# The GPU machine has the CUDA toolkit, CMake and ninja but none of Baton's
+# Debian packages (Abseil, gRPC, GoogleTest, ...) and no network, so the
+# binaries are built here and carried there:
+#
+#   scripts/gpu_check.sh --pack      on the build machine: builds the CUDA
+#       targets in build-gpu/ and writes gpu-bundle/ (stripped test and bench
+#       binaries, every shared library they load except the CUDA ones, and
+#       the dynamic loader, so they run whatever the GPU machine's glibc) and
+#       the default model split in two (gpu-model-a/, and gpu-model-b/ beside
+#       the bundle), because one call carries at most 64 MiB.
+#   scripts/gpu_check.sh --stash-model-part   on the GPU machine, first call
+#       (carry gpu-model-a): keeps the model's first part in /tmp/baton-gpu.
+#   scripts/gpu_check.sh             on the GPU machine, second call (carry
+#       gpu-bundle and gpu-model-b): joins the model, runs everything.
+#
+# Without a device every GPU test reports SKIPPED and the benchmarks say so;
+# the table then says that nothing ran.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUNDLE="$ROOT/gpu-bundle"
+STASH=/tmp/baton-gpu
+# Test binaries (path under the build dir) and the benchmarks.
+TESTS=(kernels/cuda/cuda_elementwise_test kernels/cuda/cuda_paged_attention_test
+  kernels/cuda/cuda_gemm_test kernels/cuda/cuda_sampling_test
+  worker/cuda/cuda_model_runner_test worker/transport/cuda_ipc_kv_transport_test
+  worker/transport/nccl_self_send_test worker/transport/nccl_kv_transport_test)
+BENCHES=(bin/cuda_forward_bench)
+
+pack() {
+  local build="$ROOT/build-gpu"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBATON_CUDA=ON >/dev/null || exit 1
+  local targets=()
+  for t in "${TESTS[@]}" "${BENCHES[@]}"; do targets+=("$(basename "$t")"); done
+  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" || exit 1
+  rm -rf "$BUNDLE" gpu-model-a gpu-model-b
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" gpu-model-a gpu-model-b
+  for t in "${TESTS[@]}" "${BENCHES[@]}"; do
+    strip --strip-debug -o "$BUNDLE/bin/$(basename "$t")" "$build/$t" || exit 1
+  done
+  # Shared libraries: all but the driver's and the CUDA toolkit's (the GPU
+  # machine has its own, matching its driver), loader included.
+  for b in "$BUNDLE"/bin/*; do
+    ldd "$b" | awk '/=>/ {print $3} /ld-linux/ {print $1}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libcuda.so* | libcudart.so* | libcublas*.so* | libnccl.so* | linux-vdso*) ;;
+      *) [[ -f "$lib" ]] && cp -L "$lib" "$BUNDLE/lib/" ;;
+    esac
+  done
+  cp scripts/gpu_check.sh "$BUNDLE/"
+  local model="${BATON_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+  if [[ -f "$model" ]]; then
+    split -b 60M -d "$model" gpu-model-a/part-
+    mv gpu-model-a/part-01 gpu-model-b/ 2>/dev/null
+    sha256sum "$model" | awk '{print $1}' >gpu-model-b/sha256
+  fi
+  du -sh "$BUNDLE" gpu-model-a gpu-model-b
+  echo "bundle ready: carry gpu-model-a first (--stash-model-part), then gpu-bundle and gpu-model-b"
+}
+
+# Directories holding the GPU machine's CUDA libraries (toolkit, or the
+# Python wheels' nvidia/*/lib).
+cuda_lib_path() {
+  local dirs=(/usr/local/cuda/lib64 /usr/local/cuda/lib)
+  local py
+  py="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"
+  [[ -n "$py" ]] && dirs+=("$py"/nvidia/*/lib)
+  local IFS=:
+  echo "${dirs[*]}"
+}
+
+run_all() {
+  local out="${OUT:-/tmp/gpu_check_out}"
+  mkdir -p "$out" "$STASH"
+  local model="$STASH/model.gguf"
+  if [[ -f gpu-model-b/part-01 && -f "$STASH/part-00" ]]; then
+    cat "$STASH/part-00" gpu-model-b/part-01 >"$model"
+  elif [[ -f gpu-model-a/part-00 && ! -f gpu-model-b/part-01 ]]; then
+    cp gpu-model-a/part-00 "$model"
+  fi
+  if [[ -f gpu-model-b/sha256 && -f "$model" ]]; then
+    [[ "$(sha256sum "$model" | awk '{print $1}')" == "$(cat gpu-model-b/sha256)" ]] ||
+      echo "WARNING: the joined model's sha256 differs; whole-model results are void"
+  fi
+  [[ -f "$model" ]] && export BATON_DEFAULT_MODEL="$model"
+  export BATON_SOURCE_DIR="$ROOT"
+  local loader="$BUNDLE/lib/ld-linux-x86-64.so.2"
+  local libpath="$BUNDLE/lib:$(cuda_lib_path)"
+  {
+    echo "date: $(date -u +%F' '%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  } | tee "$out/device.txt"
+  local status=0
+  for t in "${TESTS[@]}"; do
+    local name
+    name="$(basename "$t")"
+    echo "== $name"
+    timeout 240 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
+      --gtest_color=no >"$out/$name.log" 2>&1
+    local rc=$?
+    [[ $rc -ne 0 ]] && status=1
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? ran' "$out/$name.log" | tail -4
+    echo "   exit $rc"
+  done
+  for b in "${BENCHES[@]}"; do
+    local name
+    name="$(basename "$b")"
+    echo "== $name"
+    timeout 200 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
+      >"$out/$name.log" 2>&1
+    echo "   exit $?"
+  done
+  echo
+  echo "---- per-kernel max error (atol/rtol = the test's tolerance) ----"
+  cat "$out"/*_test.log | grep -h '^BATON_KERNEL_ERROR' |
+    awk '{op=""; mx=0; tol="";
+          for (i = 2; i <= NF; ++i) {
+            split($i, kv, "=");
+            if (kv[1] == "op") op = kv[2];
+            if (kv[1] == "max_abs" && kv[2] + 0 >= mx) mx = kv[2] + 0;
+            if (kv[1] == "atol") tol = kv[2];
+          }
+          if (!(op in worst) || mx > worst[op]) { worst[op] = mx; at[op] = tol }
+          seen[op] = 1}
+         END {for (op in seen) printf "%-28s max_abs %-12g atol %s\n", op, worst[op], at[op]}' |
+    sort
+  echo "---- benchmarks ----"
+  grep -h -E '^(BATON_BENCH|BATON_KV_GBPS)' "$out"/*.log || echo "(no benchmark figures: see the logs)"
+  if ! grep -q -h '^BATON_KERNEL_ERROR' "$out"/*_test.log 2>/dev/null; then
+    echo "NOTHING RAN ON A GPU: every kernel test was skipped (see $out/*.log)"
+  fi
+  return $status
+}
+
+case "${1:-}" in
+  --pack) pack ;;
+  --stash-model-part)
+    mkdir -p "$STASH" && cp gpu-model-a/part-00 "$STASH/" && ls -la "$STASH" ;;
+  "") run_all ;;
+  *) echo "usage: scripts/gpu_check.sh [--pack | --stash-model-part]" >&2; exit 2 ;;
+esac
