@@ -73,7 +73,13 @@ OverlapRun SplitPrefill(Engine& prefill, const std::vector<int32_t>& prompt,
   PrefillOptions options;
   options.timeout = std::chrono::seconds(600);
   KvSinkFactory tcp;
-  if (!endpoint.empty()) tcp = TcpKvSinkFactory(endpoint, id);
+  if (!endpoint.empty()) {
+    // Connections are reused across runs, as a worker's handoffs reuse them.
+    static const auto connections = std::make_shared<TcpKvConnectionPool>();
+    TcpKvSenderOptions sender_options;
+    sender_options.pool = connections;
+    tcp = TcpKvSinkFactory(endpoint, id, "", sender_options);
+  }
   options.make_sink =
       [&](const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
     std::unique_ptr<KvSink> inner;
