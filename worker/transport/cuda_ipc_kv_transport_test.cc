@@ -1,0 +1,507 @@
+// The CUDA IPC KV transport's protocol over FakeCudaIpcApi: every layer lands
+// byte for byte, every rejection comes before any byte is written, and
+// stalls, aborts and dead peers end transfers within their deadlines.
+#include "worker/transport/cuda_ipc_kv_transport.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/kv_cache/kv_cache.h"
+#include "worker/transport/cuda_ipc_fake_api.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kNumTokens = 10;     // 3 blocks of 4
+constexpr uint64_t kPoolOffset = 256;  // the pool sits inside its allocation
+constexpr uint64_t kShortId = 50;      // lookup gives a 1-block table
+constexpr uint64_t kSecondId = 21;     // lookup gives the second table
+
+KvCacheOptions CacheOptions() {
+  KvCacheOptions o;
+  o.num_layers = 4;
+  o.num_kv_heads = 2;
+  o.head_dim = 8;
+  o.block_size = 4;
+  o.num_blocks = 16;
+  return o;
+}
+
+// A prefill side whose host KvCache doubles as its "device" pool, and a
+// decode side with reserved tables over a registered "device" allocation.
+class CudaIpcHarness {
+ public:
+  CudaIpcHarness() {
+    send_cache_ = *KvCache::Create(CacheOptions());
+    recv_cache_ = *KvCache::Create(CacheOptions());
+    BATON_CHECK(send_cache_->Reserve(send_table_, kNumTokens).ok());
+    BATON_CHECK(send_cache_->SetNumTokens(send_table_, kNumTokens).ok());
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> dist;
+    const int64_t kv_dim = send_cache_->layout().kv_dim();
+    std::vector<float> k(kNumTokens * kv_dim), v(k.size());
+    for (int64_t l = 0; l < 4; ++l) {
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      send_cache_->WriteKvRange(send_table_, l, 0, kNumTokens, k.data(),
+                                v.data());
+    }
+    BATON_CHECK(recv_cache_->Reserve(spacer_, 5).ok());  // offsets block ids
+    BATON_CHECK(recv_cache_->Reserve(recv_table_, kNumTokens).ok());
+    BATON_CHECK(recv_cache_->Reserve(second_table_, kNumTokens).ok());
+    BATON_CHECK(recv_cache_->Reserve(short_table_, 4).ok());
+    recv_alloc_.assign(kPoolOffset + recv_cache_->pool_bytes() + 64, 0);
+    api_.RegisterAllocation(0, recv_alloc_.data(), recv_alloc_.size());
+    mappings_ = *CudaIpcPeerMappings::Create(&api_, 0);
+  }
+  ~CudaIpcHarness() {
+    receiver_.reset();
+    send_cache_->Free(send_table_);
+    for (BlockTable* t :
+         {&recv_table_, &second_table_, &short_table_, &spacer_}) {
+      recv_cache_->Free(*t);
+    }
+  }
+
+  void StartReceiver(CudaIpcKvReceiverOptions options = {},
+                     std::string expected_model = "smollm") {
+    options.outstanding_grant_grace = absl::Milliseconds(10);
+    CudaIpcKvReceiverCallbacks cb;
+    cb.lookup =
+        [this, expected_model](uint64_t id) -> absl::StatusOr<CudaIpcKvTarget> {
+      if (id >= 100) return absl::NotFoundError("no reservation");
+      CudaIpcKvTarget t;
+      t.target.cache = recv_cache_.get();
+      t.target.table = id == kShortId    ? &short_table_
+                       : id == kSecondId ? &second_table_
+                                         : &recv_table_;
+      t.target.expected_layout = recv_cache_->layout();
+      t.target.num_tokens = kNumTokens;
+      t.target.expected_model_id = expected_model;
+      t.device_pool = recv_alloc_.data() + kPoolOffset;
+      return t;
+    };
+    cb.on_layer = [this](uint64_t, int64_t layer) {
+      absl::MutexLock lock(&mu_);
+      layers_.push_back(layer);
+    };
+    cb.on_done = [this](uint64_t id, absl::Status s) {
+      absl::MutexLock lock(&mu_);
+      EXPECT_FALSE(done_.contains(id)) << "on_done twice for " << id;
+      done_[id] = s;
+    };
+    auto receiver = CudaIpcKvReceiver::Start(&api_, options, cb);
+    BATON_CHECK(receiver.ok());
+    receiver_ = *std::move(receiver);
+  }
+
+  std::unique_ptr<CudaIpcKvSender> Connect(
+      uint64_t id, CudaIpcKvSenderOptions options = {}) {
+    auto sender = CudaIpcKvSender::Connect(mappings_.get(),
+                                           receiver_->endpoint(), id, options);
+    EXPECT_TRUE(sender.ok()) << sender.status();
+    return sender.ok() ? *std::move(sender) : nullptr;
+  }
+
+  KvTransferHeader Header(uint64_t id, int64_t layer) const {
+    KvTransferHeader h;
+    h.transfer_id = id;
+    h.request_id = "req-" + std::to_string(id);
+    h.model_id = "smollm";
+    h.layout = send_cache_->layout();
+    h.num_tokens = kNumTokens;
+    h.layer = layer;
+    h.payload_bytes = send_cache_->LayerBytes(send_table_);
+    return h;
+  }
+  KvDeviceLayerSource Source() const {
+    return {send_cache_->LayerBlock(0, 0), send_cache_->num_blocks_total(),
+            send_table_.block_ids()};
+  }
+  std::vector<uint8_t> Exported(int64_t layer) const {
+    std::vector<uint8_t> out(send_cache_->LayerBytes(send_table_));
+    BATON_CHECK(send_cache_->ExportLayer(send_table_, layer, out).ok());
+    return out;
+  }
+  std::vector<std::span<const uint8_t>> Chunks(int64_t layer) const {
+    return *send_cache_->LayerChunks(send_table_, layer, kNumTokens);
+  }
+  // Sends every layer through SendLayerFromPool and finishes.
+  absl::Status SendAll(CudaIpcKvSender& sender, uint64_t id) {
+    for (int64_t l = 0; l < 4; ++l) {
+      if (absl::Status s = sender.SendLayerFromPool(Header(id, l), Source());
+          !s.ok()) {
+        return s;
+      }
+    }
+    return sender.Finish();
+  }
+
+  // Whether the receiver's allocation holds exactly the sender's `layers`
+  // at the blocks of the tables in `tables`, and zeros everywhere else.
+  ::testing::AssertionResult ReceiverHolds(
+      const std::set<int64_t>& layers,
+      std::vector<const BlockTable*> tables = {}) {
+    if (tables.empty()) tables = {&recv_table_};
+    const uint64_t chunk = recv_cache_->chunk_bytes();
+    const int64_t nb = recv_cache_->num_blocks_total();
+    std::vector<uint8_t> want(recv_alloc_.size(), 0);
+    for (const BlockTable* t : tables) {
+      for (int64_t l : layers) {
+        for (int64_t i = 0; i < 3; ++i) {
+          std::memcpy(&want[kPoolOffset + (l * nb + t->block_ids()[i]) * chunk],
+                      send_cache_->LayerBlock(l, send_table_.block_ids()[i]),
+                      chunk);
+        }
+      }
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (recv_alloc_[i] != want[i]) {
+        return ::testing::AssertionFailure() << "byte " << i << " differs";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  absl::StatusOr<absl::Status> DoneStatus(
+      uint64_t id, absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (auto it = done_.find(id); it != done_.end()) return it->second;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::DeadlineExceededError("on_done not called");
+  }
+  std::vector<int64_t> layers() {
+    absl::MutexLock lock(&mu_);
+    return layers_;
+  }
+
+  FakeCudaIpcApi api_;
+  std::unique_ptr<CudaIpcPeerMappings> mappings_;
+  std::unique_ptr<CudaIpcKvReceiver> receiver_;
+  BlockTable recv_table_, second_table_;
+
+ private:
+  std::unique_ptr<KvCache> send_cache_, recv_cache_;
+  BlockTable send_table_, short_table_, spacer_;
+  std::vector<uint8_t> recv_alloc_;
+  absl::Mutex mu_;
+  std::map<uint64_t, absl::Status> done_;
+  std::vector<int64_t> layers_;
+};
+
+class CudaIpcKvTransportTest : public ::testing::Test {
+ protected:
+  CudaIpcHarness h_;
+};
+
+TEST_F(CudaIpcKvTransportTest, TransfersEveryLayerIntoTheDevicePool) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(7);
+  ASSERT_NE(sender, nullptr);
+  const std::vector<uint8_t> layer0 = h_.Exported(0);
+  ASSERT_TRUE(sender->SendLayer(h_.Header(7, 0), layer0).ok());
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(7, 1), h_.Source()).ok());
+  const auto chunks = h_.Chunks(2);
+  ASSERT_TRUE(sender->SendLayerChunks(h_.Header(7, 2), chunks, nullptr).ok());
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(7, 3), h_.Source()).ok());
+  ASSERT_TRUE(sender->Finish().ok());
+  auto done = h_.DoneStatus(7);
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(done->ok()) << *done;
+  EXPECT_THAT(h_.layers(), ::testing::ElementsAre(0, 1, 2, 3));
+  EXPECT_TRUE(h_.ReceiverHolds({0, 1, 2, 3}));
+  EXPECT_EQ(h_.api_.num_exports(), 1);
+  EXPECT_EQ(h_.api_.num_opens(), 1);
+  EXPECT_EQ(h_.receiver_->num_exported_pools(), 1);
+}
+
+TEST_F(CudaIpcKvTransportTest, OneMappingServesEveryTransferAndClosesLast) {
+  h_.StartReceiver();
+  for (uint64_t id : {1, 2, 3}) {
+    auto sender = h_.Connect(id);
+    ASSERT_NE(sender, nullptr);
+    ASSERT_TRUE(h_.SendAll(*sender, id).ok());
+  }
+  EXPECT_TRUE(h_.ReceiverHolds({0, 1, 2, 3}));
+  EXPECT_EQ(h_.api_.num_exports(), 1);
+  EXPECT_EQ(h_.api_.num_opens(), 1);
+  EXPECT_EQ(h_.mappings_->num_cached(), 1);
+  EXPECT_EQ(h_.api_.num_closes(), 0);
+  h_.mappings_.reset();
+  EXPECT_EQ(h_.api_.num_closes(), 1);
+  EXPECT_EQ(h_.api_.num_open(), 0);
+}
+
+TEST_F(CudaIpcKvTransportTest, ConcurrentTransfersShareOneMapping) {
+  h_.StartReceiver();
+  absl::Status a, b;
+  std::thread ta([&] {
+    auto s = h_.Connect(1);
+    a = s ? h_.SendAll(*s, 1) : absl::InternalError("connect");
+  });
+  std::thread tb([&] {
+    auto s = h_.Connect(kSecondId);
+    b = s ? h_.SendAll(*s, kSecondId) : absl::InternalError("connect");
+  });
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(a.ok()) << a;
+  EXPECT_TRUE(b.ok()) << b;
+  EXPECT_TRUE(
+      h_.ReceiverHolds({0, 1, 2, 3}, {&h_.recv_table_, &h_.second_table_}));
+  EXPECT_EQ(h_.api_.num_opens(), 1);
+}
+
+TEST_F(CudaIpcKvTransportTest, WrongModelIsRejectedBeforeAnyByteLands) {
+  h_.StartReceiver({}, "llama-3");
+  auto sender = h_.Connect(1);
+  ASSERT_NE(sender, nullptr);
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(1, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model_id 'smollm'"));
+  EXPECT_THAT(s.message(), HasSubstr("llama-3"));
+  EXPECT_EQ(sender->SendLayerFromPool(h_.Header(1, 1), h_.Source()), s);
+  EXPECT_EQ(sender->Finish(), s);
+  EXPECT_EQ(h_.DoneStatus(1)->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(h_.ReceiverHolds({}));
+  EXPECT_TRUE(h_.layers().empty());
+  EXPECT_EQ(h_.api_.num_copies(), 0);
+  EXPECT_EQ(h_.api_.num_opens(), 0);  // no grant, nothing opened
+}
+
+TEST_F(CudaIpcKvTransportTest, WrongLayoutIsRejected) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(2);
+  ASSERT_NE(sender, nullptr);
+  KvTransferHeader header = h_.Header(2, 0);
+  header.layout.head_dim = 16;  // the sender claims another model shape
+  header.payload_bytes *= 2;
+  std::vector<uint8_t> payload(header.payload_bytes, 0x77);
+  const absl::Status s = sender->SendLayer(header, payload);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("head_dim 16 vs expected 8"));
+  EXPECT_TRUE(h_.ReceiverHolds({}));
+  EXPECT_EQ(h_.api_.num_copies(), 0);
+}
+
+TEST_F(CudaIpcKvTransportTest, LayerSentTwiceIsRejectedAndKeepsTheFirst) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(3);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(3, 1), h_.Source()).ok());
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(3, 1), h_.Source());
+  EXPECT_THAT(s.message(), HasSubstr("layer 1 sent twice"));
+  EXPECT_EQ(h_.DoneStatus(3)->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(h_.ReceiverHolds({1}));
+  EXPECT_EQ(h_.api_.num_copies(), 1);  // one layer: 3 adjacent chunks, 1 run
+}
+
+TEST_F(CudaIpcKvTransportTest, ShortReservationIsRejected) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(kShortId);
+  ASSERT_NE(sender, nullptr);
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(kShortId, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("reserved table holds 1 blocks, 3"));
+  EXPECT_TRUE(h_.ReceiverHolds({}));
+}
+
+TEST_F(CudaIpcKvTransportTest, UnknownTransferIsRejected) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(100);
+  ASSERT_NE(sender, nullptr);
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(100, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("no reservation"));
+  EXPECT_EQ(h_.DoneStatus(100)->code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CudaIpcKvTransportTest, FinishWithoutEveryLayerFails) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(5);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(5, 0), h_.Source()).ok());
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(5, 2), h_.Source()).ok());
+  const absl::Status s = sender->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("layer 1 is missing"));
+  EXPECT_EQ(h_.DoneStatus(5)->code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CudaIpcKvTransportTest, CallerErrorsSendNothingAndKeepTheTransfer) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(6);
+  ASSERT_NE(sender, nullptr);
+  EXPECT_EQ(sender->SendLayerFromPool(h_.Header(9, 0), h_.Source()).code(),
+            absl::StatusCode::kInvalidArgument);  // another transfer's id
+  EXPECT_THAT(sender->SendLayerFromPool(h_.Header(6, 4), h_.Source()).message(),
+              HasSubstr("layer 4 not in [0, 4)"));
+  KvTransferHeader short_payload = h_.Header(6, 0);
+  short_payload.payload_bytes -= 1;
+  EXPECT_EQ(sender->SendLayerFromPool(short_payload, h_.Source()).code(),
+            absl::StatusCode::kInvalidArgument);
+  KvDeviceLayerSource bad = h_.Source();
+  const int32_t ids[3] = {0, 1, 99};
+  bad.block_ids = ids;
+  EXPECT_THAT(sender->SendLayerFromPool(h_.Header(6, 0), bad).message(),
+              HasSubstr("source block id 99"));
+  EXPECT_TRUE(h_.SendAll(*sender, 6).ok());
+  EXPECT_TRUE(h_.ReceiverHolds({0, 1, 2, 3}));
+}
+
+TEST_F(CudaIpcKvTransportTest, SenderAbortReachesTheReceiver) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(8);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(8, 0), h_.Source()).ok());
+  sender->Abort(absl::CancelledError("client went away"));
+  auto done = h_.DoneStatus(8);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(done->message(), HasSubstr("client went away"));
+  EXPECT_EQ(sender->Finish().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(CudaIpcKvTransportTest, DestroyedSenderAborts) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(9);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(9, 0), h_.Source()).ok());
+  sender.reset();
+  EXPECT_EQ(h_.DoneStatus(9)->code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(h_.api_.num_streams(), 0);
+}
+
+TEST_F(CudaIpcKvTransportTest, StalledCopyFailsBothSidesWithinTheDeadline) {
+  CudaIpcKvReceiverOptions options;
+  options.landed_timeout = absl::Seconds(5);
+  h_.StartReceiver(options);
+  CudaIpcKvSenderOptions sender_options;
+  sender_options.stall_timeout = absl::Milliseconds(100);
+  auto sender = h_.Connect(10, sender_options);
+  ASSERT_NE(sender, nullptr);
+  h_.api_.SetStallCopies(true);
+  const absl::Time start = absl::Now();
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(10, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  auto done = h_.DoneStatus(10);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(done->message(), HasSubstr("aborted by sender"));
+  EXPECT_EQ(h_.layers().size(), 0u);
+  h_.api_.SetStallCopies(false);  // the late copy drains
+  sender.reset();
+  EXPECT_EQ(h_.api_.num_streams(), 0);
+}
+
+TEST_F(CudaIpcKvTransportTest, CopyAndOpenErrorsAbortTheTransfer) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(11);
+  ASSERT_NE(sender, nullptr);
+  h_.api_.FailNextOpen(absl::InternalError("no peer access"));
+  absl::Status s = sender->SendLayerFromPool(h_.Header(11, 0), h_.Source());
+  EXPECT_THAT(s.message(), HasSubstr("no peer access"));
+  EXPECT_THAT(h_.DoneStatus(11)->message(), HasSubstr("no peer access"));
+
+  sender = h_.Connect(12);
+  ASSERT_NE(sender, nullptr);
+  h_.api_.FailNextCopy(absl::InternalError("illegal address"));
+  s = sender->SendLayerFromPool(h_.Header(12, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(h_.DoneStatus(12)->message(), HasSubstr("illegal address"));
+  EXPECT_TRUE(h_.ReceiverHolds({}));
+}
+
+TEST_F(CudaIpcKvTransportTest, ExportFailureRejectsBeforeAnyGrant) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(13);
+  ASSERT_NE(sender, nullptr);
+  h_.api_.FailNextExport(absl::InternalError("not cudaMalloc memory"));
+  const absl::Status s =
+      sender->SendLayerFromPool(h_.Header(13, 0), h_.Source());
+  EXPECT_THAT(s.message(), HasSubstr("rejected transfer 13"));
+  EXPECT_THAT(s.message(), HasSubstr("not cudaMalloc memory"));
+  EXPECT_EQ(h_.api_.num_opens(), 0);
+}
+
+class RevokedGate : public KvReadGate {
+ public:
+  bool Enter() override { return false; }
+  void Exit() override { ADD_FAILURE() << "Exit without Enter"; }
+};
+
+TEST_F(CudaIpcKvTransportTest, RevokedGateAbortsBeforeTheCopy) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(14);
+  ASSERT_NE(sender, nullptr);
+  RevokedGate gate;
+  const auto chunks = h_.Chunks(0);
+  const absl::Status s =
+      sender->SendLayerChunks(h_.Header(14, 0), chunks, &gate);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(h_.DoneStatus(14)->code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(h_.api_.num_copies(), 0);
+}
+
+TEST_F(CudaIpcKvTransportTest, SilentSenderTimesOutOnTheReceiver) {
+  CudaIpcKvReceiverOptions options;
+  options.stall_timeout = absl::Milliseconds(100);
+  h_.StartReceiver(options);
+  auto sender = h_.Connect(15);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(15, 0), h_.Source()).ok());
+  auto done = h_.DoneStatus(15, absl::Seconds(5));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(sender->SendLayerFromPool(h_.Header(15, 1), h_.Source()).ok());
+  EXPECT_TRUE(h_.ReceiverHolds({0}));  // landed, never committed
+}
+
+TEST_F(CudaIpcKvTransportTest, ReceiverShutdownCancelsAndEvictsTheMapping) {
+  h_.StartReceiver();
+  auto sender = h_.Connect(16);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(16, 0), h_.Source()).ok());
+  EXPECT_EQ(h_.mappings_->num_cached(), 1);
+  h_.receiver_.reset();
+  EXPECT_EQ(h_.DoneStatus(16)->code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(sender->SendLayerFromPool(h_.Header(16, 1), h_.Source()).ok());
+  EXPECT_EQ(h_.mappings_->num_cached(), 0);
+  EXPECT_EQ(h_.api_.num_closes(), 0);  // the sender still holds it
+  sender.reset();
+  EXPECT_EQ(h_.api_.num_closes(), 1);
+}
+
+TEST_F(CudaIpcKvTransportTest, RefusedConnectionIsUnavailable) {
+  h_.StartReceiver();
+  const std::string endpoint = h_.receiver_->endpoint();
+  h_.receiver_.reset();
+  auto sender = CudaIpcKvSender::Connect(h_.mappings_.get(), endpoint, 1);
+  EXPECT_EQ(sender.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace baton
