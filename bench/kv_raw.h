@@ -17,8 +17,8 @@ namespace baton::kvbench {
 // One transport configuration under test.
 struct RawVariant {
   std::string name;
-  size_t send_call_bytes = size_t{256} << 10;  // TcpKvSenderOptions
-  int socket_buffer_bytes = 0;                 // both ends; 0 = autotuned
+  size_t send_call_bytes = size_t{2} << 20;  // TcpKvSenderOptions
+  int socket_buffer_bytes = 0;               // both ends; 0 = autotuned
   // Senders take their connection from a TcpKvConnectionPool (warmed by the
   // warm-up transfer), as workers do; otherwise each transfer connects.
   bool pooled = false;
@@ -31,6 +31,11 @@ struct RawOptions {
   // Measured alternately within each repeat; the first also runs "send
   // only" (payloads exported and checksummed beforehand).
   std::vector<RawVariant> variants = {RawVariant{"default"}};
+  // Sending threads run on sender_cpu, receiving threads on receiver_cpu
+  // (loopback ceilings and transfers alike); -1 = wherever the scheduler
+  // puts them.
+  int sender_cpu = -1;
+  int receiver_cpu = -1;
 };
 
 // Measures the 64 MiB-message loopback ceiling, then every shape x token

@@ -62,7 +62,12 @@ ABSL_FLAG(std::string, overlap_shapes, "default,llama-3.2-1b",
 ABSL_FLAG(bool, overlap_baseline, true,
           "also time each overlap prefill without a transfer");
 ABSL_FLAG(std::string, json, "", "write every figure to this JSON file");
-ABSL_FLAG(std::string, variants, "pooled:256:0:pooled,fresh:256:0",
+ABSL_FLAG(bool, pin, true,
+          "raw transfers and loopback ceilings: senders on CPU 0, receivers "
+          "on CPU 1 (as two workers on two cores), so each run does not "
+          "depend on where the scheduler happens to put the threads");
+ABSL_FLAG(std::string, variants,
+          "pooled:2048:0:pooled,fresh:2048:0,pooled_1m:1024:0:pooled",
           "transport configurations of the raw transfer, measured "
           "alternately: name:send_call_KiB:socket_buffer_KiB[:pooled],... "
           "(socket buffer 0 = kernel autotuning; pooled = connections "
@@ -128,6 +133,10 @@ int Main() {
     ro.loopback_bytes = absl::GetFlag(FLAGS_loopback_bytes);
     ro.loopback_fixed_buffer = absl::GetFlag(FLAGS_socket_buffer);
     ro.variants = ParseVariants(absl::GetFlag(FLAGS_variants));
+    if (absl::GetFlag(FLAGS_pin) && std::thread::hardware_concurrency() >= 2) {
+      ro.sender_cpu = 0;
+      ro.receiver_cpu = 1;
+    }
     RunRaw(shapes, token_counts, ro, out);
   }
 

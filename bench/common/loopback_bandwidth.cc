@@ -3,9 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -58,9 +61,12 @@ bool SendAll(int fd, const uint8_t* p, uint64_t n) {
   return true;
 }
 
-bool RecvAll(int fd, uint8_t* p, uint64_t n) {
+// call_bytes 0: one recv(MSG_WAITALL) for all n bytes (repeated only if it
+// returns early); otherwise recv() calls of at most call_bytes.
+bool RecvAll(int fd, uint8_t* p, uint64_t n, uint64_t call_bytes = 0) {
   while (n > 0) {
-    const ssize_t r = recv(fd, p, n, MSG_WAITALL);
+    const ssize_t r = call_bytes == 0 ? recv(fd, p, n, MSG_WAITALL)
+                                      : recv(fd, p, std::min(n, call_bytes), 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     p += r;
@@ -70,6 +76,14 @@ bool RecvAll(int fd, uint8_t* p, uint64_t n) {
 }
 
 }  // namespace
+
+bool PinCurrentThread(int cpu) {
+  if (cpu < 0) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
 
 absl::StatusOr<LoopbackResult> MeasureLoopbackTcp(
     const LoopbackOptions& options) {
@@ -121,8 +135,10 @@ absl::StatusOr<LoopbackResult> MeasureLoopbackTcp(
 
   bool receiver_ok = true;
   std::thread reader([&] {
+    PinCurrentThread(options.receiver_cpu);
     for (uint64_t m = 0; m < messages && receiver_ok; ++m) {
-      receiver_ok = RecvAll(receiver.get(), at(in, m), message_bytes);
+      receiver_ok = RecvAll(receiver.get(), at(in, m), message_bytes,
+                            options.recv_call_bytes);
     }
     const uint8_t ack = 1;
     if (receiver_ok) receiver_ok = SendAll(receiver.get(), &ack, 1);

@@ -31,7 +31,16 @@ struct LoopbackOptions {
   // a KV cache's size to move the same bytes between regions of the same
   // footprint as the transfer does (memory traffic included).
   uint64_t region_bytes = 0;
+  // Bytes per recv() call on the receiver, which loops until the message is
+  // whole; 0 = one recv(MSG_WAITALL) per message.
+  uint64_t recv_call_bytes = 0;
+  // CPU the receiving thread runs on (pthread affinity); -1 = any. The
+  // sending thread is the caller's, pinned (or not) by the caller.
+  int receiver_cpu = -1;
 };
+
+// Pins the calling thread to `cpu` (no-op for cpu < 0); false on failure.
+bool PinCurrentThread(int cpu);
 
 struct LoopbackResult {
   uint64_t bytes = 0;   // bytes moved (whole messages)
