@@ -7,7 +7,7 @@
 # binaries are built here and carried there:
 #
 #   scripts/gpu_check.sh --pack      on the build machine: builds the CUDA
-#       targets in build-gpu/ and writes gpu-bundle/ (stripped test and bench
+#       targets in $BATON_GPU_BUILD (default build-gpu/) and writes gpu-bundle/ (stripped test and bench
 #       binaries, every shared library they load except the CUDA ones, and
 #       the dynamic loader, so they run whatever the GPU machine's glibc) and
 #       the default model split in two (gpu-model-a/, and gpu-model-b/ beside
@@ -28,20 +28,24 @@ STASH=/tmp/baton-gpu
 # Test binaries (path under the build dir) and the benchmarks.
 TESTS=(kernels/cuda/cuda_elementwise_test kernels/cuda/cuda_paged_attention_test
   kernels/cuda/cuda_gemm_test kernels/cuda/cuda_sampling_test
-  worker/cuda/cuda_model_runner_test worker/transport/cuda_ipc_kv_transport_test
+  worker/cuda/cuda_model_runner_test worker/transport/cuda_ipc_kv_gpu_test
   worker/transport/nccl_self_send_test worker/transport/nccl_kv_transport_test)
 BENCHES=(bin/cuda_forward_bench)
+# Started by cuda_ipc_kv_gpu_test as the receiving process.
+HELPERS=(worker/transport/cuda_ipc_kv_probe)
 
 pack() {
-  local build="$ROOT/build-gpu"
+  local build="${BATON_GPU_BUILD:-$ROOT/build-gpu}"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBATON_CUDA=ON >/dev/null || exit 1
   local targets=()
-  for t in "${TESTS[@]}" "${BENCHES[@]}"; do targets+=("$(basename "$t")"); done
+  for t in "${TESTS[@]}" "${BENCHES[@]}" "${HELPERS[@]}"; do
+    targets+=("$(basename "$t")")
+  done
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" || exit 1
   rm -rf "$BUNDLE" gpu-model-a gpu-model-b
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" gpu-model-a gpu-model-b
-  for t in "${TESTS[@]}" "${BENCHES[@]}"; do
+  for t in "${TESTS[@]}" "${BENCHES[@]}" "${HELPERS[@]}"; do
     strip --strip-debug -o "$BUNDLE/bin/$(basename "$t")" "$build/$t" || exit 1
   done
   # Shared libraries: all but the driver's and the CUDA toolkit's (the GPU
@@ -57,7 +61,8 @@ pack() {
   cp scripts/gpu_check.sh "$BUNDLE/"
   local model="${BATON_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
   if [[ -f "$model" ]]; then
-    split -b 60M -d "$model" gpu-model-a/part-
+    # 56 MiB + the ~6 MB tree fits one call; the rest rides with the bundle.
+    split -b 56M -d "$model" gpu-model-a/part-
     mv gpu-model-a/part-01 gpu-model-b/ 2>/dev/null
     sha256sum "$model" | awk '{print $1}' >gpu-model-b/sha256
   fi
@@ -93,6 +98,11 @@ run_all() {
   export BATON_SOURCE_DIR="$ROOT"
   local loader="$BUNDLE/lib/ld-linux-x86-64.so.2"
   local libpath="$BUNDLE/lib:$(cuda_lib_path)"
+  # The probe runs through the carried loader too.
+  printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$loader" \
+    "$libpath" "$BUNDLE/bin/cuda_ipc_kv_probe" >"$STASH/probe.sh"
+  chmod +x "$STASH/probe.sh"
+  export BATON_CUDA_IPC_PROBE="$STASH/probe.sh"
   {
     echo "date: $(date -u +%F' '%TZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
@@ -113,7 +123,7 @@ run_all() {
     local name
     name="$(basename "$b")"
     echo "== $name"
-    timeout 200 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
+    timeout 240 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
       >"$out/$name.log" 2>&1
     echo "   exit $?"
   done
@@ -132,7 +142,9 @@ run_all() {
          END {for (op in seen) printf "%-28s max_abs %-12g atol %s\n", op, worst[op], at[op]}' |
     sort
   echo "---- benchmarks ----"
-  grep -h -E '^(BATON_BENCH|BATON_KV_GBPS)' "$out"/*.log || echo "(no benchmark figures: see the logs)"
+  sed -n '/^case /,$p' "$out/cuda_forward_bench.log"
+  grep -h -E '^(BATON_KV_GBPS|BATON_KV_COPY_GBPS)' "$out"/*.log ||
+    echo "(no KV transfer figures: see the logs)"
   if ! grep -q -h '^BATON_KERNEL_ERROR' "$out"/*_test.log 2>/dev/null; then
     echo "NOTHING RAN ON A GPU: every kernel test was skipped (see $out/*.log)"
   fi
