@@ -46,17 +46,7 @@ absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights) {
 // Everything Create can check without a device.
 absl::Status CheckShapes(const ModelConfig& c, const KvLayout& layout,
                          int64_t num_blocks, const CudaRunnerOptions& o) {
-  if (layout.num_layers != c.num_layers ||
-      layout.num_kv_heads != c.num_kv_heads || layout.head_dim != c.head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache layout ", layout.ToString(),
-                     " does not fit the model (", c.num_layers, " layers, ",
-                     c.num_kv_heads, " kv heads, head dim ", c.head_dim, ")"));
-  }
-  if (layout.dtype != DType::kF16) {
-    return absl::InvalidArgumentError(
-        "the CUDA model runner needs an F16 KV cache");
-  }
+  BATON_RETURN_IF_ERROR(CheckKvLayoutFitsModel(c, layout, "CUDA"));
   BATON_RETURN_IF_ERROR(layout.Validate());
   if (num_blocks < 1 || num_blocks > kInt32Max) {
     return absl::InvalidArgumentError(

@@ -12,10 +12,9 @@
 
 namespace baton {
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
-    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
-  const ModelConfig& c = weights->config();
-  const KvLayout& layout = cache->layout();
+absl::Status CheckKvLayoutFitsModel(const ModelConfig& c,
+                                    const KvLayout& layout,
+                                    absl::string_view runner) {
   if (layout.num_layers != c.num_layers ||
       layout.num_kv_heads != c.num_kv_heads || layout.head_dim != c.head_dim) {
     return absl::InvalidArgumentError(
@@ -25,8 +24,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
   }
   if (layout.dtype != DType::kF16) {
     return absl::InvalidArgumentError(
-        "the CPU model runner needs an F16 KV cache");
+        absl::StrCat("the ", runner, " model runner needs an F16 KV cache"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
+    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
+  const ModelConfig& c = weights->config();
+  BATON_RETURN_IF_ERROR(CheckKvLayoutFitsModel(c, cache->layout(), "CPU"));
   std::unique_ptr<ModelRunner> runner(new ModelRunner(weights, cache, pool));
   RopeOptions rope;
   rope.head_dim = c.head_dim;

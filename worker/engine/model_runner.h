@@ -20,7 +20,9 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
@@ -45,6 +47,13 @@ struct ForwardItem {
 // Called after layer `layer` has written the K/V of every item (prefill
 // workers stream that layer to a decode worker meanwhile).
 using LayerDoneFn = std::function<void(int64_t layer)>;
+
+// OK if `layout` is an F16 KV cache shaped for `config` (layers, KV heads,
+// head dim); otherwise InvalidArgument naming the mismatch. `runner` names
+// the runner in the message ("CPU", "CUDA").
+absl::Status CheckKvLayoutFitsModel(const ModelConfig& config,
+                                    const KvLayout& layout,
+                                    absl::string_view runner);
 
 class ModelRunner {
  public:
