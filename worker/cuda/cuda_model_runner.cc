@@ -17,32 +17,6 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-// The RoPE table ModelRunner::Create builds for the model.
-absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights) {
-  const ModelConfig& c = weights.config();
-  RopeOptions rope;
-  rope.head_dim = c.head_dim;
-  rope.rope_dim = c.rope_dim;
-  rope.theta = c.rope_theta;
-  rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
-  rope.max_positions = c.context_length;
-  if (!weights.rope_freq_factors().empty()) {
-    rope.freq_factors = weights.rope_freq_factors();
-  } else if (c.rope_scaling.type == RopeScalingType::kLlama3) {
-    rope.freq_factors = Llama3FreqFactors(
-        c.rope_dim, c.rope_theta, c.rope_scaling.factor,
-        c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
-        c.rope_scaling.original_context_length);
-  } else if (c.rope_scaling.type == RopeScalingType::kLinear) {
-    rope.linear_factor = c.rope_scaling.factor;
-  } else if (c.rope_scaling.type == RopeScalingType::kYarn) {
-    return absl::UnimplementedError("YaRN rope scaling is not implemented");
-  }
-  // The same checks the device upload makes, with RopeTable's messages.
-  BATON_RETURN_IF_ERROR(RopeTable::Create(rope).status());
-  return rope;
-}
-
 // Everything Create can check without a device.
 absl::Status CheckShapes(const ModelConfig& c, const KvLayout& layout,
                          int64_t num_blocks, const CudaRunnerOptions& o) {
@@ -140,6 +114,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   BATON_RETURN_IF_ERROR(
       CheckShapes(weights->config(), layout, num_blocks, options));
   BATON_ASSIGN_OR_RETURN(RopeOptions rope, ModelRopeOptions(*weights));
+  // The same checks the device upload makes, with RopeTable's messages.
+  BATON_RETURN_IF_ERROR(RopeTable::Create(rope).status());
   BATON_RETURN_IF_ERROR(SelectDevice(options.device));
   std::unique_ptr<CudaModelRunner> runner(
       new CudaModelRunner(weights->config(), layout, num_blocks, options));

@@ -29,19 +29,16 @@ absl::Status CheckKvLayoutFitsModel(const ModelConfig& c,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
-    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
-  const ModelConfig& c = weights->config();
-  BATON_RETURN_IF_ERROR(CheckKvLayoutFitsModel(c, cache->layout(), "CPU"));
-  std::unique_ptr<ModelRunner> runner(new ModelRunner(weights, cache, pool));
+absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights) {
+  const ModelConfig& c = weights.config();
   RopeOptions rope;
   rope.head_dim = c.head_dim;
   rope.rope_dim = c.rope_dim;
   rope.theta = c.rope_theta;
   rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
   rope.max_positions = c.context_length;
-  if (!weights->rope_freq_factors().empty()) {
-    rope.freq_factors = weights->rope_freq_factors();
+  if (!weights.rope_freq_factors().empty()) {
+    rope.freq_factors = weights.rope_freq_factors();
   } else if (c.rope_scaling.type == RopeScalingType::kLlama3) {
     rope.freq_factors = Llama3FreqFactors(
         c.rope_dim, c.rope_theta, c.rope_scaling.factor,
@@ -52,6 +49,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
   } else if (c.rope_scaling.type == RopeScalingType::kYarn) {
     return absl::UnimplementedError("YaRN rope scaling is not implemented");
   }
+  return rope;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
+    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
+  BATON_RETURN_IF_ERROR(
+      CheckKvLayoutFitsModel(weights->config(), cache->layout(), "CPU"));
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(weights, cache, pool));
+  BATON_ASSIGN_OR_RETURN(RopeOptions rope, ModelRopeOptions(*weights));
   BATON_ASSIGN_OR_RETURN(runner->rope_, RopeTable::Create(rope));
   return runner;
 }

@@ -55,6 +55,11 @@ absl::Status CheckKvLayoutFitsModel(const ModelConfig& config,
                                     const KvLayout& layout,
                                     absl::string_view runner);
 
+// The RoPE options of the model (its config, rope_freqs tensor and
+// scaling); the CPU and CUDA runners build their tables from them.
+// Unimplemented for YaRN scaling; RopeTable::Create checks the rest.
+absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights);
+
 class ModelRunner {
  public:
   // The runner borrows all three; the cache must be F16 and shaped for the
