@@ -4,187 +4,17 @@
 // status codes of their errors.
 #include "worker/service/worker_service.h"
 
-#include <grpcpp/grpcpp.h>
-
-#include <chrono>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "baton/v1/worker.grpc.pb.h"
-#include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/engine/default_model_test_base.h"
-#include "worker/engine/engine.h"
+#include "worker/service/worker_service_test_fixture.h"
 
-namespace baton {
+namespace baton::worker_service_test {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr uint64_t kSeed = 1234;
-constexpr int kMaxTokens = 8;
-
-struct Generated {
-  std::vector<int32_t> tokens;
-  std::string text;
-};
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::seconds(60));
-  return context;
-}
-
-// One worker: engine, service and gRPC server on 127.0.0.1:0.
-struct TestWorker {
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<WorkerService> service;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<v1::Worker::Stub> stub;
-
-  ~TestWorker() {
-    if (server != nullptr) {
-      server->Shutdown(std::chrono::system_clock::now() +
-                       std::chrono::seconds(1));
-    }
-    service.reset();
-    engine.reset();
-  }
-
-  v1::WorkerLoad Load() {
-    v1::GetWorkerStatusResponse response;
-    auto context = Context();
-    const grpc::Status status = stub->GetWorkerStatus(
-        context.get(), v1::GetWorkerStatusRequest(), &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.load();
-  }
-
-  // Polls (bounded) until every block is free; returns the last load.
-  // Blocks and the lease list are released on the engine and transport
-  // threads after the client's stream ends, so wait (up to 5 s) for both.
-  v1::WorkerLoad WaitAllFree() {
-    v1::WorkerLoad load;
-    for (int i = 0; i < 500; ++i) {
-      load = Load();
-      if (load.kv_blocks_free() == load.kv_blocks_total() &&
-          service->LeasedRequestIds().empty()) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return load;
-  }
-};
-
-class WorkerServiceTest : public testing::DefaultModelTest {
- protected:
-  static std::unique_ptr<Engine> MakeEngine() {
-    EngineOptions options;
-    options.num_threads = 1;
-    options.kv_cache_blocks = 64;
-    auto engine = Engine::Create(options, weights_, tokenizer_);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? std::move(*engine) : nullptr;
-  }
-
-  static std::unique_ptr<TestWorker> StartWorker(v1::WorkerRole role) {
-    auto worker = std::make_unique<TestWorker>();
-    worker->engine = MakeEngine();
-    if (worker->engine == nullptr) return nullptr;
-    WorkerServiceOptions options;
-    options.role = role;
-    options.model_id = "smollm2";
-    auto service = WorkerService::Create(options, worker->engine.get());
-    EXPECT_TRUE(service.ok()) << service.status();
-    if (!service.ok()) return nullptr;
-    worker->service = std::move(*service);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(worker->service.get());
-    worker->server = builder.BuildAndStart();
-    EXPECT_NE(worker->server, nullptr);
-    EXPECT_GT(port, 0);
-    worker->stub = v1::Worker::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                            grpc::InsecureChannelCredentials()));
-    return worker;
-  }
-
-  static std::vector<int32_t> Prompt(const std::string& user) {
-    return tokenizer_->Encode("<|im_start|>user\n" + user +
-                              "<|im_end|>\n<|im_start|>assistant\n");
-  }
-
-  static v1::SamplingParams Greedy(int max_tokens = kMaxTokens) {
-    v1::SamplingParams sampling;
-    sampling.set_temperature(0.0);
-    sampling.set_seed(kSeed);
-    sampling.set_max_tokens(max_tokens);
-    sampling.set_ignore_eos(true);
-    return sampling;
-  }
-
-  // The same request on one in-process engine.
-  static Generated Reference(const std::vector<int32_t>& prompt) {
-    std::unique_ptr<Engine> engine = MakeEngine();
-    GenerationRequest request;
-    request.id = "reference";
-    request.prompt = prompt;
-    request.params.temperature = 0.0;
-    request.params.seed = kSeed;
-    request.params.max_tokens = kMaxTokens;
-    request.params.ignore_eos = true;
-    Generated out;
-    EXPECT_TRUE(engine
-                    ->Submit(request,
-                             [&out](const RequestOutput& o) {
-                               for (const TokenOutput& t : o.tokens) {
-                                 out.tokens.push_back(t.token);
-                               }
-                               out.text += o.text;
-                             })
-                    .ok());
-    engine->RunUntilIdle();
-    return out;
-  }
-
-  // Reads a Prefill stream: the first token, and whether a handoff came.
-  static grpc::Status RunPrefill(TestWorker& worker,
-                                 const v1::PrefillRequest& request,
-                                 int32_t* first, bool* handoff) {
-    auto context = Context();
-    auto reader = worker.stub->Prefill(context.get(), request);
-    v1::PrefillResponse response;
-    *handoff = false;
-    while (reader->Read(&response)) {
-      if (response.has_first_token())
-        *first = response.first_token().token_id();
-      if (response.has_handoff()) *handoff = true;
-    }
-    return reader->Finish();
-  }
-
-  static grpc::Status RunDecode(TestWorker& worker,
-                                const v1::DecodeRequest& request,
-                                Generated* out, v1::DecodeResult* result) {
-    auto context = Context();
-    auto reader = worker.stub->Decode(context.get(), request);
-    v1::DecodeResponse response;
-    while (reader->Read(&response)) {
-      for (int32_t t : response.token_ids()) out->tokens.push_back(t);
-      out->text += response.text();
-      if (response.has_result()) *result = response.result();
-    }
-    return reader->Finish();
-  }
-};
 
 TEST_F(WorkerServiceTest, SplitRequestMatchesInProcessEngine) {
   auto prefill = StartWorker(v1::WORKER_ROLE_PREFILL);
@@ -499,4 +329,4 @@ TEST_F(WorkerServiceTest, BadRequestsGetTheirStatusCodes) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::worker_service_test
