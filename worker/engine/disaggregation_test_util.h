@@ -97,10 +97,11 @@ class StuckSink : public KvSink {
 
 class DisaggregationTest : public testing::DefaultModelTest {
  protected:
-  static std::unique_ptr<Engine> MakeEngine(int64_t budget = 512,
-                                            int64_t block_size = 16,
-                                            int64_t blocks = 256) {
+  static std::unique_ptr<Engine> MakeEngine(
+      int64_t budget = 512, int64_t block_size = 16, int64_t blocks = 256,
+      ForwardRunnerFactory make_runner = nullptr) {
     EngineOptions options;
+    options.make_runner = std::move(make_runner);
     options.num_threads = 2;
     options.block_size = block_size;
     options.kv_cache_blocks = blocks;
@@ -197,8 +198,9 @@ class DisaggregationTest : public testing::DefaultModelTest {
   }
 
   static std::map<std::string, Outcome> RunColocated(
-      const std::vector<Case>& cases) {
-    auto engine = MakeEngine();
+      const std::vector<Case>& cases,
+      const ForwardRunnerFactory& make_runner = nullptr) {
+    auto engine = MakeEngine(512, 16, 256, make_runner);
     absl::Mutex mu;
     std::map<std::string, Outcome> results;
     for (const Case& c : cases) {
@@ -214,10 +216,12 @@ class DisaggregationTest : public testing::DefaultModelTest {
 
   // Prefill engine -> TCP on 127.0.0.1 -> decode engine stepping on its own
   // thread. Returns the full token stream (first token + decode tokens).
+  // Both engines run on make_runner's runners (null: the CPU runner).
   static std::map<std::string, Outcome> RunDisaggregated(
-      const std::vector<Case>& cases, int64_t prefill_budget) {
-    auto prefill = MakeEngine(prefill_budget);
-    auto decode = MakeEngine();
+      const std::vector<Case>& cases, int64_t prefill_budget,
+      const ForwardRunnerFactory& make_runner = nullptr) {
+    auto prefill = MakeEngine(prefill_budget, 16, 256, make_runner);
+    auto decode = MakeEngine(512, 16, 256, make_runner);
     auto receiver = StartReceiver(*decode);
     absl::Mutex mu;
     std::map<std::string, Outcome> results;

@@ -32,9 +32,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     kv.max_bytes = options.kv_cache_bytes;
   }
   BATON_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(kv));
-  BATON_ASSIGN_OR_RETURN(
-      engine->runner_,
-      ModelRunner::Create(weights, engine->cache_.get(), engine->pool_.get()));
+  if (options.make_runner) {
+    BATON_ASSIGN_OR_RETURN(engine->runner_,
+                           options.make_runner(weights, engine->cache_.get(),
+                                               engine->pool_.get()));
+    if (engine->runner_ == nullptr) {
+      return absl::InternalError("make_runner returned no runner");
+    }
+  } else {
+    BATON_ASSIGN_OR_RETURN(engine->runner_,
+                           ModelRunner::Create(weights, engine->cache_.get(),
+                                               engine->pool_.get()));
+  }
   if (options.scheduler.max_num_seqs < 1 ||
       options.scheduler.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -44,6 +53,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       std::make_unique<Scheduler>(options.scheduler, engine->cache_.get());
   engine->eos_ids_ = tokenizer->end_of_generation_ids();
   return engine;
+}
+
+absl::Status Engine::health() const {
+  absl::Status status = runner_->health();
+  if (status.ok()) return status;
+  return absl::UnavailableError(
+      absl::StrCat("worker unhealthy: the ", runner_->device_name(),
+                   " runner failed (", status.ToString(), ")"));
 }
 
 Engine::~Engine() {
@@ -58,6 +75,7 @@ Engine::~Engine() {
 
 absl::StatusOr<std::unique_ptr<Sequence>> Engine::NewSequence(
     GenerationRequest request, int64_t pool_tokens) {
+  BATON_RETURN_IF_ERROR(health());
   const ModelConfig& c = config();
   BATON_RETURN_IF_ERROR(Validate(request.params,
                                  static_cast<int64_t>(request.prompt.size()),
@@ -188,6 +206,15 @@ void Engine::Adopt(std::unique_ptr<Sequence> seq) {
     {
       absl::MutexLock lock(&cache_mu_);
       scheduler_->AddRunning(raw);
+    }
+    // The imported KV is in the host cache; a device runner copies it in.
+    if (absl::Status s = runner_->CopyToDevice(raw->table); !s.ok()) {
+      EndEarly(
+          raw, FinishReason::kError,
+          absl::Status(s.code(), absl::StrCat("copying the imported KV to the ",
+                                              runner_->device_name(), ": ",
+                                              s.message())));
+      return;
     }
     if (!out.text.empty()) raw->on_output(out);
     return;
@@ -341,20 +368,35 @@ bool Engine::StepOnce() {
                     s.samples ? LogitsMode::kLast : LogitsMode::kNone});
   }
   // Prompts whose last chunk runs now stream each layer as it completes.
+  // A device runner first copies each finished layer of these sequences to
+  // the host cache the senders read; after a failed copy no further layer
+  // is released and the step fails.
   std::vector<KvHandoff*> streaming;
+  std::vector<const BlockTable*> streaming_tables;
   for (const ScheduledItem& s : scheduled) {
     if (s.samples && s.seq->prefill_only() && s.seq->handoff == nullptr) {
       StartHandoff(s.seq);
       streaming.push_back(s.seq->handoff.get());
+      streaming_tables.push_back(&s.seq->table);
     }
   }
+  absl::Status staging;
   LayerDoneFn on_layer = nullptr;
   if (!streaming.empty()) {
-    on_layer = [&streaming](int64_t layer) {
+    on_layer = [this, &streaming, &streaming_tables, &staging](int64_t layer) {
+      if (!staging.ok()) return;
+      staging = runner_->CopyLayerToHost(layer, streaming_tables);
+      if (!staging.ok()) return;
       for (KvHandoff* h : streaming) h->LayerReady(layer);
     };
   }
   absl::Status status = runner_->Forward(items, &logits_, on_layer);
+  if (status.ok() && !staging.ok()) {
+    status = absl::Status(staging.code(),
+                          absl::StrCat("copying the KV to the host for its "
+                                       "handoff: ",
+                                       staging.message()));
+  }
   if (!status.ok()) {
     for (const ScheduledItem& s : scheduled) {
       EndEarly(s.seq, FinishReason::kError, status);

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/tokenizer/tokenizer.h"
+#include "worker/engine/forward_runner.h"
 #include "worker/engine/kv_handoff.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/engine/model_runner.h"
@@ -53,6 +54,11 @@ struct EngineOptions {
   int64_t kv_cache_blocks = 0;
   // KV pool byte budget when kv_cache_blocks == 0.
   uint64_t kv_cache_bytes = uint64_t{512} << 20;
+  // --- device ---
+  // Builds the runner over the engine's host cache; null: the CPU
+  // ModelRunner. A device runner (e.g. MakeCudaRunnerFactory) keeps the live
+  // KV in device memory with the host cache's layout and block ids.
+  ForwardRunnerFactory make_runner;
 };
 
 struct PrefillOptions {
@@ -106,7 +112,8 @@ class Engine {
 
   // Validates and queues a request. InvalidArgument naming the field (see
   // ValidateSamplingParams) or a duplicate id; ResourceExhausted if the
-  // prompt plus max_tokens can never fit the KV pool. On success on_output
+  // prompt plus max_tokens can never fit the KV pool; Unavailable naming
+  // the fault once the runner is unhealthy (see health()). On success on_output
   // receives the stream, ending with a finish_reason, always on the thread
   // that runs Step().
   absl::Status Submit(GenerationRequest request, OutputCallback on_output);
@@ -172,6 +179,13 @@ class Engine {
   EngineStats stats();
   const ModelConfig& config() const { return weights_->config(); }
   KvCache& kv_cache() { return *cache_; }
+  // Thread-safe. OK while the runner is healthy; after a device fault the
+  // fault: every request in the failing step ended with it, later steps
+  // fail theirs, and Submit / SubmitPrefill / ReserveImport refuse new work
+  // (Unavailable). The worker then reports itself unhealthy.
+  absl::Status health() const;
+  // "cpu" or "cuda:N".
+  std::string device_name() const { return runner_->device_name(); }
 
  private:
   // Step's work, without publishing the counts for stats().
@@ -232,7 +246,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ForwardRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
   uint64_t next_arrival_ = 0;

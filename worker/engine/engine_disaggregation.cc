@@ -113,6 +113,7 @@ void Engine::FinishPrefill(Sequence* seq, absl::Status status,
 
 absl::StatusOr<ImportReservation> Engine::ReserveImport(
     const std::string& request_id, const ImportOptions& options) {
+  BATON_RETURN_IF_ERROR(health());
   if (options.num_prompt_tokens < 1 || options.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReserveImport: num_prompt_tokens (", options.num_prompt_tokens,

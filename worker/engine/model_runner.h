@@ -26,27 +26,11 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
+#include "worker/engine/forward_runner.h"
 #include "worker/engine/model_weights.h"
 #include "worker/kv_cache/kv_cache.h"
 
 namespace baton {
-
-enum class LogitsMode {
-  kNone,  // a prefill chunk that is not the prompt's last
-  kLast,  // next-token logits only
-  kAll,   // one row per token (teacher forcing, prompt logprobs)
-};
-
-struct ForwardItem {
-  BlockTable* table = nullptr;  // reserved for start_pos + tokens.size()
-  int64_t start_pos = 0;        // == tokens already in the cache
-  std::span<const int32_t> tokens;
-  LogitsMode logits = LogitsMode::kLast;
-};
-
-// Called after layer `layer` has written the K/V of every item (prefill
-// workers stream that layer to a decode worker meanwhile).
-using LayerDoneFn = std::function<void(int64_t layer)>;
 
 // OK if `layout` is an F16 KV cache shaped for `config` (layers, KV heads,
 // head dim); otherwise InvalidArgument naming the mismatch. `runner` names
@@ -60,7 +44,7 @@ absl::Status CheckKvLayoutFitsModel(const ModelConfig& config,
 // Unimplemented for YaRN scaling; RopeTable::Create checks the rest.
 absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights);
 
-class ModelRunner {
+class ModelRunner : public ForwardRunner {
  public:
   // The runner borrows all three; the cache must be F16 and shaped for the
   // model.
@@ -78,7 +62,7 @@ class ModelRunner {
   // context length; nothing is written then.
   absl::Status Forward(std::span<const ForwardItem> items,
                        std::vector<float>* logits,
-                       const LayerDoneFn& on_layer_done = nullptr);
+                       const LayerDoneFn& on_layer_done = nullptr) override;
 
   const ModelConfig& config() const { return weights_->config(); }
 

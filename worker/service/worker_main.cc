@@ -1,17 +1,22 @@
 // `baton-worker`: one Engine behind the baton.v1.Worker gRPC service.
 //   baton-worker --role=prefill|decode|both --listen=127.0.0.1:PORT
-//                --model=PATH [--threads=N] [--kv_cache_mib=M]
+//                --model=PATH [--device=cpu|cuda:N] [--threads=N]
+//                [--kv_cache_mib=M]
 //                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
 //                [--metrics_listen=HOST:PORT]
 // Serves the health service and reflection as well; with --coordinator it
 // registers and heartbeats, retrying while the coordinator is unreachable;
 // with --metrics_listen it serves Prometheus metrics at GET /metrics.
-// Stops on SIGINT / SIGTERM.
+// With --device=cuda:N the weights and the KV pool (--kv_cache_mib) live on
+// that GPU. After a device fault the worker refuses new requests
+// (UNAVAILABLE), its health service reports NOT_SERVING and it deregisters
+// from the coordinator. Stops on SIGINT / SIGTERM.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,15 +33,26 @@
 #include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
+#include "worker/service/device_flag.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
+#if BATON_WORKER_CUDA
+#include "worker/cuda/cuda_engine_runner.h"
+#endif
 
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port of the Worker gRPC service (port 0: any free port)");
 ABSL_FLAG(std::string, model, "", "GGUF file or HF folder");
-ABSL_FLAG(int32_t, threads, 1, "compute threads of the engine");
-ABSL_FLAG(int64_t, kv_cache_mib, 512, "KV pool size in MiB");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the engine computes: cpu, or cuda:N for GPU N (weights and "
+          "the --kv_cache_mib KV pool in its memory)");
+ABSL_FLAG(int32_t, threads, 1,
+          "compute threads of the engine (with --device=cuda:N: host "
+          "threads)");
+ABSL_FLAG(int64_t, kv_cache_mib, 512,
+          "KV pool size in MiB (on the GPU with --device=cuda:N, mirrored "
+          "by a host staging pool of the same size)");
 ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
           "host:port of the TCP KV receiver (decode and both roles)");
 ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
@@ -80,16 +96,24 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
 // again when the coordinator no longer knows this worker.
 class Registrar {
  public:
+  // `healthy` is polled before every heartbeat; once it returns an error
+  // the worker deregisters and stops heartbeating.
   Registrar(const std::string& coordinator, v1::RegisterWorkerRequest request,
-            WorkerService* service)
+            WorkerService* service, std::function<absl::Status()> healthy)
       : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(
             coordinator, grpc::InsecureChannelCredentials()))),
         request_(std::move(request)),
         service_(service),
+        healthy_(std::move(healthy)),
         thread_([this] { Run(); }) {}
   ~Registrar() {
     stop_.Notify();
     thread_.join();
+    Deregister();
+  }
+
+ private:
+  void Deregister() {
     if (!worker_id_.empty()) {
       v1::DeregisterWorkerRequest request;
       request.set_worker_id(worker_id_);
@@ -99,10 +123,10 @@ class Registrar {
       context.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::seconds(1));
       stub_->DeregisterWorker(&context, request, &response).ok();
+      worker_id_.clear();
     }
   }
 
- private:
   static void SetDeadline(grpc::ClientContext* context) {
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::seconds(2));
@@ -111,6 +135,11 @@ class Registrar {
   void Run() {
     absl::Duration wait = absl::ZeroDuration();
     while (!stop_.WaitForNotificationWithTimeout(wait)) {
+      if (absl::Status health = healthy_(); !health.ok()) {
+        Log(absl::StrCat("unhealthy, deregistering: ", health.ToString()));
+        Deregister();
+        return;
+      }
       if (worker_id_.empty()) {
         v1::RegisterWorkerResponse response;
         grpc::ClientContext context;
@@ -171,10 +200,39 @@ class Registrar {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   const v1::RegisterWorkerRequest request_;
   WorkerService* const service_;
+  const std::function<absl::Status()> healthy_;
   absl::Notification stop_;
   std::string worker_id_;  // empty until registered; Run's thread only
   uint64_t epoch_ = 0;
   absl::Duration interval_ = absl::Milliseconds(500);
+  std::thread thread_;
+};
+
+// Turns the gRPC health service to NOT_SERVING once the engine reports a
+// device fault (polled every 250 ms).
+class HealthWatch {
+ public:
+  HealthWatch(Engine* engine, grpc::Server* server)
+      : engine_(engine), server_(server), thread_([this] { Run(); }) {}
+  ~HealthWatch() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      if (absl::Status health = engine_->health(); !health.ok()) {
+        server_->GetHealthCheckService()->SetServingStatus(false);
+        Log(absl::StrCat("health: NOT_SERVING: ", health.ToString()));
+        return;
+      }
+    }
+  }
+
+  Engine* const engine_;
+  grpc::Server* const server_;
+  absl::Notification stop_;
   std::thread thread_;
 };
 
@@ -213,6 +271,19 @@ int Main() {
     Log(role.status().ToString());
     return 2;
   }
+  auto device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    Log(device.status().ToString());
+    return 2;
+  }
+#if !BATON_WORKER_CUDA
+  if (device->kind == DeviceSpec::Kind::kCuda) {
+    Log(absl::StrCat("--device=", device->ToString(),
+                     ": this baton-worker was built without CUDA "
+                     "(configure with -DBATON_CUDA=ON)"));
+    return 2;
+  }
+#endif
   const std::string model_path = absl::GetFlag(FLAGS_model);
   if (model_path.empty()) {
     Log("--model is required");
@@ -259,10 +330,18 @@ int Main() {
   engine_options.num_threads = absl::GetFlag(FLAGS_threads);
   engine_options.kv_cache_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_cache_mib)) << 20;
+#if BATON_WORKER_CUDA
+  if (device->kind == DeviceSpec::Kind::kCuda) {
+    CudaRunnerOptions cuda;
+    cuda.device = device->index;
+    engine_options.make_runner = MakeCudaRunnerFactory(cuda);
+  }
+#endif
   auto engine = Engine::Create(engine_options, bundle->weights.get(),
                                bundle->tokenizer.get());
   if (!engine.ok()) {
-    Log(engine.status().ToString());
+    Log(absl::StrCat("--device=", device->ToString(), ": ",
+                     engine.status().ToString()));
     return 1;
   }
   if (absl::Status s = WarmUp(**engine); !s.ok()) {
@@ -297,9 +376,10 @@ int Main() {
   std::unique_ptr<grpc::Server> server = std::move(running->server);
   const std::string address = running->address;
   (*service)->SetWorkerRef("", address);
-  std::printf("baton-worker %s listening on %s, kv %s, model %s\n",
+  std::printf("baton-worker %s listening on %s, kv %s, model %s, device %s\n",
               absl::GetFlag(FLAGS_role).c_str(), address.c_str(),
-              (*service)->kv_endpoint().c_str(), options.model_id.c_str());
+              (*service)->kv_endpoint().c_str(), options.model_id.c_str(),
+              (*engine)->device_name().c_str());
   std::fflush(stdout);
 
   std::unique_ptr<metrics::MetricsServer> metrics_server;
@@ -329,12 +409,17 @@ int Main() {
     request.set_context_length(static_cast<int32_t>(config.context_length));
     request.set_vocab_size(static_cast<int32_t>(config.vocab_size));
     request.set_architecture(config.architecture);
-    registrar = std::make_unique<Registrar>(absl::GetFlag(FLAGS_coordinator),
-                                            std::move(request), service->get());
+    Engine* engine_ptr = engine->get();
+    registrar = std::make_unique<Registrar>(
+        absl::GetFlag(FLAGS_coordinator), std::move(request), service->get(),
+        [engine_ptr] { return engine_ptr->health(); });
   }
+  auto health_watch =
+      std::make_unique<HealthWatch>(engine->get(), server.get());
 
   Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
   registrar.reset();
+  health_watch.reset();
   metrics_server.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service->reset();
@@ -348,7 +433,8 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "baton-worker --role=prefill|decode|both --listen=HOST:PORT "
-      "--model=PATH [--threads=N] [--kv_cache_mib=M] [--kv_listen=HOST:PORT] "
+      "--model=PATH [--device=cpu|cuda:N] [--threads=N] [--kv_cache_mib=M] "
+      "[--kv_listen=HOST:PORT] "
       "[--coordinator=HOST:PORT] [--metrics_listen=HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
   return baton::Main();

@@ -1,0 +1,145 @@
+#include "worker/cuda/cuda_engine_runner.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/cuda/device_memory.h"
+
+namespace baton {
+
+absl::StatusOr<std::unique_ptr<CudaEngineRunner>> CudaEngineRunner::Create(
+    const ModelWeights* weights, KvCache* cache,
+    const CudaRunnerOptions& options) {
+  CudaRunnerOptions runner_options = options;
+  runner_options.allocator = cache;
+  BATON_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaModelRunner> runner,
+      CudaModelRunner::Create(weights, cache->layout(),
+                              cache->num_blocks_total(), runner_options));
+  std::unique_ptr<CudaEngineRunner> engine_runner(
+      new CudaEngineRunner(cache, std::move(runner)));
+  BATON_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&engine_runner->copy_stream_,
+                                           cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags (KV staging stream)"));
+  // Page-locked staging makes the copies DMA; pageable memory still works
+  // (slower), so a refusal (e.g. RLIMIT_MEMLOCK) is reported and tolerated.
+  const cudaError_t pinned = cudaHostRegister(
+      cache->LayerBlock(0, 0), cache->pool_bytes(), cudaHostRegisterDefault);
+  if (pinned == cudaSuccess) {
+    engine_runner->host_registered_ = true;
+  } else {
+    (void)cudaGetLastError();  // not sticky; clear it
+    std::fprintf(stderr,
+                 "baton: host KV pool (%llu bytes) not page-locked (%s); KV "
+                 "staging copies use pageable memory\n",
+                 static_cast<unsigned long long>(cache->pool_bytes()),
+                 cudaGetErrorString(pinned));
+  }
+  return engine_runner;
+}
+
+CudaEngineRunner::~CudaEngineRunner() {
+  if (cudaSetDevice(runner_->device()) != cudaSuccess) return;
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  if (host_registered_) cudaHostUnregister(cache_->LayerBlock(0, 0));
+}
+
+absl::Status CudaEngineRunner::Fail(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (health_.ok()) health_ = status;
+  return status;
+}
+
+absl::Status CudaEngineRunner::Forward(std::span<const ForwardItem> items,
+                                       std::vector<float>* logits,
+                                       const LayerDoneFn& on_layer_done) {
+  absl::Status status = runner_->Forward(items, logits, on_layer_done);
+  if (!runner_->healthy()) Fail(runner_->unhealthy_reason()).IgnoreError();
+  return status;
+}
+
+absl::Status CudaEngineRunner::health() const {
+  absl::MutexLock lock(&mu_);
+  return health_;
+}
+
+std::string CudaEngineRunner::device_name() const {
+  return absl::StrCat("cuda:", runner_->device());
+}
+
+absl::Status CudaEngineRunner::CopyBlocks(int64_t layer,
+                                          std::span<const int32_t> blocks,
+                                          cudaMemcpyKind kind) {
+  const uint64_t chunk = cache_->chunk_bytes();
+  auto* device = static_cast<uint8_t*>(runner_->pool());
+  const uint64_t layer_offset =
+      static_cast<uint64_t>(layer) * runner_->num_blocks() * chunk;
+  size_t i = 0;
+  while (i < blocks.size()) {
+    size_t end = i + 1;
+    while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1) ++end;
+    uint8_t* host = cache_->LayerBlock(layer, blocks[i]);
+    uint8_t* dev =
+        device + layer_offset + static_cast<uint64_t>(blocks[i]) * chunk;
+    const uint64_t bytes = (end - i) * chunk;
+    const cudaError_t err =
+        kind == cudaMemcpyDeviceToHost
+            ? cudaMemcpyAsync(host, dev, bytes, kind, copy_stream_)
+            : cudaMemcpyAsync(dev, host, bytes, kind, copy_stream_);
+    if (err != cudaSuccess) {
+      return CudaStatus(err, "cudaMemcpyAsync (KV staging)");
+    }
+    i = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngineRunner::CopyLayerToHost(
+    int64_t layer, std::span<const BlockTable* const> tables) {
+  BATON_RETURN_IF_ERROR(health());
+  absl::Status status =
+      CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
+  for (const BlockTable* table : tables) {
+    if (!status.ok()) break;
+    status = CopyBlocks(layer, table->block_ids(), cudaMemcpyDeviceToHost);
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamSynchronize(copy_stream_),
+                        "cudaStreamSynchronize (KV staging)");
+  }
+  if (!status.ok()) return Fail(status);
+  return status;
+}
+
+absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table) {
+  BATON_RETURN_IF_ERROR(health());
+  absl::Status status =
+      CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
+  for (int64_t l = 0; status.ok() && l < cache_->layout().num_layers; ++l) {
+    status = CopyBlocks(l, table.block_ids(), cudaMemcpyHostToDevice);
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamSynchronize(copy_stream_),
+                        "cudaStreamSynchronize (KV staging)");
+  }
+  if (!status.ok()) return Fail(status);
+  return status;
+}
+
+ForwardRunnerFactory MakeCudaRunnerFactory(const CudaRunnerOptions& options) {
+  return [options](
+             const ModelWeights* weights, KvCache* cache,
+             ThreadPool*) -> absl::StatusOr<std::unique_ptr<ForwardRunner>> {
+    BATON_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngineRunner> runner,
+                           CudaEngineRunner::Create(weights, cache, options));
+    return runner;
+  };
+}
+
+}  // namespace baton

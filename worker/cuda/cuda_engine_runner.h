@@ -1,0 +1,74 @@
+// The Engine's runner on a CUDA device (EngineOptions::make_runner): a
+// CudaModelRunner whose device KV pool mirrors the engine's host KvCache
+// (same layout, same block ids). The host cache stays the allocator and the
+// KV transports' staging area: a handoff's layers are copied device -> host
+// as each layer completes (CopyLayerToHost), an imported cache host ->
+// device before its first decode step (CopyToDevice). The host pool is
+// page-locked (cudaHostRegister) when possible so these copies are DMA.
+//
+// Thread safety: as CudaModelRunner (one engine thread calls Forward and the
+// copies); health() and device_name() from any thread.
+#ifndef BATON_WORKER_CUDA_CUDA_ENGINE_RUNNER_H_
+#define BATON_WORKER_CUDA_CUDA_ENGINE_RUNNER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/cuda/cuda_model_runner.h"
+#include "worker/engine/forward_runner.h"
+
+namespace baton {
+
+class CudaEngineRunner : public ForwardRunner {
+ public:
+  // `options.allocator` is replaced by `cache`, whose layout and block count
+  // size the device pool. Errors as CudaModelRunner::Create (device missing:
+  // FailedPrecondition; out of device memory: ResourceExhausted naming the
+  // bytes).
+  static absl::StatusOr<std::unique_ptr<CudaEngineRunner>> Create(
+      const ModelWeights* weights, KvCache* cache,
+      const CudaRunnerOptions& options);
+  ~CudaEngineRunner() override;
+
+  absl::Status Forward(std::span<const ForwardItem> items,
+                       std::vector<float>* logits,
+                       const LayerDoneFn& on_layer_done) override;
+  absl::Status health() const override;
+  std::string device_name() const override;
+  absl::Status CopyLayerToHost(
+      int64_t layer, std::span<const BlockTable* const> tables) override;
+  absl::Status CopyToDevice(const BlockTable& table) override;
+
+  CudaModelRunner& runner() { return *runner_; }
+
+ private:
+  CudaEngineRunner(KvCache* cache, std::unique_ptr<CudaModelRunner> runner)
+      : cache_(cache), runner_(std::move(runner)) {}
+  // Copies chunks (layer, b) for b in `blocks` between the pools, runs of
+  // consecutive ids as one copy, and waits for them.
+  absl::Status CopyBlocks(int64_t layer, std::span<const int32_t> blocks,
+                          cudaMemcpyKind kind);
+  absl::Status Fail(absl::Status status);
+
+  KvCache* const cache_;
+  std::unique_ptr<CudaModelRunner> runner_;
+  cudaStream_t copy_stream_ = nullptr;
+  bool host_registered_ = false;
+  mutable absl::Mutex mu_;
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+};
+
+// EngineOptions::make_runner for a CUDA device (options.device).
+ForwardRunnerFactory MakeCudaRunnerFactory(const CudaRunnerOptions& options);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_CUDA_CUDA_ENGINE_RUNNER_H_
