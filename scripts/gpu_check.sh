@@ -28,7 +28,8 @@ STASH=/tmp/baton-gpu
 # Test binaries (path under the build dir) and the benchmarks.
 TESTS=(kernels/cuda/cuda_elementwise_test kernels/cuda/cuda_paged_attention_test
   kernels/cuda/cuda_gemm_test kernels/cuda/cuda_sampling_test
-  worker/cuda/cuda_model_runner_test worker/transport/cuda_ipc_kv_gpu_test
+  worker/cuda/cuda_model_runner_test worker/cuda/cuda_engine_runner_test
+  worker/transport/cuda_ipc_kv_gpu_test
   worker/transport/nccl_self_send_test worker/transport/nccl_kv_transport_test)
 BENCHES=(bin/cuda_forward_bench)
 # Started by cuda_ipc_kv_gpu_test as the receiving process.

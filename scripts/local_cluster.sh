@@ -10,6 +10,9 @@
 #   --port=N           coordinator port (default 0: any free port)
 #   --threads=N        compute threads per worker (default 1)
 #   --kv_cache_mib=N   KV pool per worker (default 256)
+#   --device=DEV       where workers compute: cpu (default), cuda:N (every
+#                      worker on GPU N), or cuda:N,M,... (worker i on the
+#                      i-th listed GPU, the list repeating)
 #   --model=PATH       model file (default: the default model)
 #   --logs=DIR         worker and coordinator logs (default: a new temp dir)
 #   --no-build         use the existing binaries
@@ -24,10 +27,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
-PORT=0 THREADS=1 KV_MIB=256 BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
+PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=()
 while [[ $# -gt 0 ]]; do
@@ -35,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --port=*) PORT="${1#*=}" ;;
     --threads=*) THREADS="${1#*=}" ;;
     --kv_cache_mib=*) KV_MIB="${1#*=}" ;;
+    --device=*) DEVICE="${1#*=}" ;;
     --model=*) MODEL="${1#*=}" ;;
     --logs=*) LOGS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
@@ -119,9 +123,17 @@ HTTP="" METRICS=""
 [[ -n "$HTTP_PORT" ]] && HTTP="$(printed_address http)"
 [[ -n "$METRICS_PORT" ]] && METRICS="$(printed_address metrics)"
 
+# Worker i's --device: cpu, cuda:N, or the i-th entry of cuda:N,M,...
+DEVICES=("$DEVICE")
+if [[ "$DEVICE" =~ ^cuda:([0-9]+(,[0-9]+)+)$ ]]; then
+  IFS=, read -r -a ordinals <<<"${BASH_REMATCH[1]}"
+  DEVICES=()
+  for n in "${ordinals[@]}"; do DEVICES+=("cuda:$n"); done
+fi
 for i in "${!ROLES[@]}"; do
   "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
+    --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \
     --coordinator="$COORDINATOR" >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
   PIDS+=($!)
 done
