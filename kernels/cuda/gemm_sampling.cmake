@@ -7,7 +7,7 @@ baton_cuda_library(baton_cuda_gemm
   DEPS CUDA::cublas absl::status absl::statusor absl::strings)
 
 baton_cuda_library(baton_cuda_sampling
-  SRCS sampling.cc sampling.cu softmax.cu)
+  SRCS sampling.cc sampling_argmax.cu sampling_draw.cu softmax.cu)
 
 baton_test(cuda_gemm_test SRCS gemm_test.cc
   DEPS baton_cuda_gemm baton_cuda_test_util)
