@@ -95,6 +95,35 @@ class StuckSink : public KvSink {
   absl::Notification* release_;
 };
 
+// How RunDisaggregated moves the KV: Start(prefill, decode) before the
+// first request, a sink per transfer, Stop() before the engines go.
+class SplitTransport {
+ public:
+  virtual ~SplitTransport() = default;
+  virtual void Start(Engine& prefill, Engine& decode) = 0;
+  virtual KvSinkFactory Sink(uint64_t transfer_id) = 0;
+  virtual void Stop() = 0;
+  // PrefillOptions::sink_reads_device_pool for every request.
+  virtual bool reads_device_pool() const { return false; }
+};
+
+// Host TCP (TcpKvReceiver on 127.0.0.1, TcpKvSinkFactory).
+class TcpSplitTransport : public SplitTransport {
+ public:
+  void Start(Engine&, Engine& decode) override {
+    auto receiver = TcpKvReceiver::Start({}, decode.ImportCallbacks());
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
+    receiver_ = std::move(*receiver);
+  }
+  KvSinkFactory Sink(uint64_t transfer_id) override {
+    return TcpKvSinkFactory(receiver_->endpoint(), transfer_id);
+  }
+  void Stop() override { receiver_.reset(); }
+
+ private:
+  std::unique_ptr<TcpKvReceiver> receiver_;
+};
+
 class DisaggregationTest : public testing::DefaultModelTest {
  protected:
   static std::unique_ptr<Engine> MakeEngine(
@@ -216,13 +245,17 @@ class DisaggregationTest : public testing::DefaultModelTest {
 
   // Prefill engine -> TCP on 127.0.0.1 -> decode engine stepping on its own
   // thread. Returns the full token stream (first token + decode tokens).
-  // Both engines run on make_runner's runners (null: the CPU runner).
+  // Both engines run on make_runner's runners (null: the CPU runner); the
+  // KV moves over `transport` (null: host TCP).
   static std::map<std::string, Outcome> RunDisaggregated(
       const std::vector<Case>& cases, int64_t prefill_budget,
-      const ForwardRunnerFactory& make_runner = nullptr) {
+      const ForwardRunnerFactory& make_runner = nullptr,
+      SplitTransport* transport = nullptr) {
     auto prefill = MakeEngine(prefill_budget, 16, 256, make_runner);
     auto decode = MakeEngine(512, 16, 256, make_runner);
-    auto receiver = StartReceiver(*decode);
+    TcpSplitTransport tcp;
+    if (transport == nullptr) transport = &tcp;
+    transport->Start(*prefill, *decode);
     absl::Mutex mu;
     std::map<std::string, Outcome> results;
     std::map<std::string, PrefillResult> prefills;
@@ -243,7 +276,8 @@ class DisaggregationTest : public testing::DefaultModelTest {
       auto reservation = decode->ReserveImport(c.id, import);
       EXPECT_TRUE(reservation.ok()) << reservation.status();
       PrefillOptions options;
-      options.make_sink = TcpKvSinkFactory(receiver->endpoint(), transfer_id);
+      options.make_sink = transport->Sink(transfer_id);
+      options.sink_reads_device_pool = transport->reads_device_pool();
       PrefillCallback collect = CollectPrefill(&prefills[c.id]);
       // Starts the decode as soon as the handoff is confirmed.
       auto on_prefill = [&, c, collect](const PrefillOutput& o) {
@@ -291,6 +325,7 @@ class DisaggregationTest : public testing::DefaultModelTest {
     }
     stop = true;
     decode_loop.join();
+    transport->Stop();
     for (auto& [id, r] : results) EXPECT_TRUE(r.done) << id << " never ended";
     ExpectAllFree(*prefill);
     ExpectAllFree(*decode);

@@ -207,8 +207,10 @@ void Engine::Adopt(std::unique_ptr<Sequence> seq) {
       absl::MutexLock lock(&cache_mu_);
       scheduler_->AddRunning(raw);
     }
-    // The imported KV is in the host cache; a device runner copies it in.
-    if (absl::Status s = runner_->CopyToDevice(raw->table); !s.ok()) {
+    // An import that landed in the host cache: a device runner copies it in.
+    absl::Status s = raw->kv_on_device ? absl::OkStatus()
+                                       : runner_->CopyToDevice(raw->table);
+    if (!s.ok()) {
       EndEarly(
           raw, FinishReason::kError,
           absl::Status(s.code(), absl::StrCat("copying the imported KV to the ",
@@ -377,7 +379,9 @@ bool Engine::StepOnce() {
     if (s.samples && s.seq->prefill_only() && s.seq->handoff == nullptr) {
       StartHandoff(s.seq);
       streaming.push_back(s.seq->handoff.get());
-      streaming_tables.push_back(&s.seq->table);
+      if (!s.seq->sink_reads_device_pool) {
+        streaming_tables.push_back(&s.seq->table);
+      }
     }
   }
   absl::Status staging;
@@ -385,8 +389,10 @@ bool Engine::StepOnce() {
   if (!streaming.empty()) {
     on_layer = [this, &streaming, &streaming_tables, &staging](int64_t layer) {
       if (!staging.ok()) return;
-      staging = runner_->CopyLayerToHost(layer, streaming_tables);
-      if (!staging.ok()) return;
+      if (!streaming_tables.empty()) {
+        staging = runner_->CopyLayerToHost(layer, streaming_tables);
+        if (!staging.ok()) return;
+      }
       for (KvHandoff* h : streaming) h->LayerReady(layer);
     };
   }

@@ -68,6 +68,10 @@ struct PrefillOptions {
   // The handoff fails with DeadlineExceeded, and the blocks are freed, if
   // the sink has not confirmed the last layer this long after it started.
   Clock::duration timeout = std::chrono::seconds(30);
+  // The sink reads the layers from the runner's device pool itself
+  // (KvSinkInfo::device_pool, e.g. TransportKvSink with read_device_pool),
+  // so the engine does not stage them to the host cache first.
+  bool sink_reads_device_pool = false;
 };
 
 struct ImportOptions {
@@ -145,7 +149,11 @@ class Engine {
                                                   const ImportOptions& options);
   // KvReceiverCallbacks::lookup: the reservation of transfer_id (NotFound if
   // none, FailedPrecondition if its transfer already started).
-  absl::StatusOr<KvTransferTarget> ImportTarget(uint64_t transfer_id);
+  // lands_on_device: the receiver writes the runner's device pool
+  // (device_kv_pool(), at the host cache's offsets) instead of the host
+  // cache, so the import is not copied in before decoding.
+  absl::StatusOr<KvTransferTarget> ImportTarget(uint64_t transfer_id,
+                                                bool lands_on_device = false);
   // KvReceiverCallbacks::on_done: OK marks the import landed; an error frees
   // the reservation (StartImportedDecode then returns that error).
   void ImportDone(uint64_t transfer_id, absl::Status status);
@@ -186,6 +194,8 @@ class Engine {
   absl::Status health() const;
   // "cpu" or "cuda:N".
   std::string device_name() const { return runner_->device_name(); }
+  // The runner's device KV pool (ForwardRunner::device_kv_pool), or null.
+  uint8_t* device_kv_pool() const { return runner_->device_kv_pool(); }
 
  private:
   // Step's work, without publishing the counts for stats().
@@ -203,6 +213,7 @@ class Engine {
     int64_t max_tokens = 0;
     BlockTable table;
     State state = State::kReserved;
+    bool on_device = false;  // the receiver writes the device pool
     bool cancelled = false;  // Cancel arrived while transferring
     absl::Status error;      // kFailed: why
     std::function<void(absl::Status)> on_landed;

@@ -27,6 +27,7 @@ absl::Status Engine::SubmitPrefill(GenerationRequest request,
   seq->on_prefill = std::move(on_output);
   seq->make_sink = std::move(options.make_sink);
   seq->handoff_timeout = options.timeout;
+  seq->sink_reads_device_pool = options.sink_reads_device_pool;
   return Enqueue(std::move(seq), /*id_reserved=*/false);
 }
 
@@ -35,6 +36,8 @@ void Engine::StartHandoff(Sequence* seq) {
   info.request_id = seq->request.id;
   info.layout = cache_->layout();
   info.num_tokens = seq->num_prompt;
+  info.host_pool = cache_->LayerBlock(0, 0);
+  info.device_pool = runner_->device_kv_pool();
   const auto ids = seq->table.block_ids().first(
       static_cast<size_t>(cache_->BlocksNeeded(seq->num_prompt)));
   const uint64_t serial = next_handoff_serial_++;
@@ -162,7 +165,8 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
   return reservation;
 }
 
-absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id) {
+absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id,
+                                                      bool lands_on_device) {
   absl::MutexLock lock(&cache_mu_);
   auto it = imports_by_transfer_.find(transfer_id);
   if (it == imports_by_transfer_.end()) {
@@ -176,6 +180,7 @@ absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id) {
                      "' already started"));
   }
   slot->state = ImportSlot::State::kTransferring;
+  slot->on_device = lands_on_device;
   KvTransferTarget target;
   target.cache = cache_.get();
   target.table = &slot->table;
@@ -295,6 +300,7 @@ absl::Status Engine::StartImportedDecode(GenerationRequest request,
           slot->max_tokens, " max_tokens)"));
     }
     seq->table = std::move(slot->table);
+    seq->kv_on_device = slot->on_device;
     BATON_CHECK(cache_->SetNumTokens(seq->table, slot->num_tokens).ok());
     imports_by_transfer_.erase(slot->transfer_id);
     imports_.erase(it);

@@ -82,6 +82,12 @@ class ForwardRunner {
     (void)table;
     return absl::OkStatus();
   }
+
+  // Device address of chunk (layer 0, block 0) of the runner's KV pool,
+  // which has the host cache's layout (chunk (l, b) lies at the same offset
+  // from it as in the host pool); null when the host cache is the live
+  // cache. Device-direct KV transports read and write it.
+  virtual uint8_t* device_kv_pool() const { return nullptr; }
 };
 
 // Builds an engine's runner over its host cache (the allocator) and thread

@@ -27,7 +27,16 @@ struct KvSinkInfo {
   std::string request_id;
   KvLayout layout;         // the sending pool's layout
   int64_t num_tokens = 0;  // tokens every layer carries
+  // Chunk (0, 0) of the host cache, and of the runner's device pool (null
+  // when the host cache is the live cache); see DevicePoolChunks.
+  const uint8_t* host_pool = nullptr;
+  const uint8_t* device_pool = nullptr;
 };
+
+// The same chunks in the device pool (same offsets from info.device_pool as
+// from info.host_pool); `chunks` unchanged when there is no device pool.
+std::vector<std::span<const uint8_t>> DevicePoolChunks(
+    const KvSinkInfo& info, std::span<const std::span<const uint8_t>> chunks);
 
 // One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1) (each
 // layer through SendLayer or SendLayerChunks), Finish(); or Abort(reason) at
@@ -62,10 +71,15 @@ using KvSinkFactory =
 // checksum as it sends (TcpKvSender hashes each chunk just before its
 // sendmsg; the NCCL sender carries none). SendLayerChunks hands the chunks
 // to KvSender::SendLayerChunks in place (no copy, no separate pass).
+//
+// read_device_pool: SendLayerChunks hands the sender the chunks' device-pool
+// addresses (DevicePoolChunks) instead, for senders that read device memory
+// (CUDA IPC, NCCL); pair it with PrefillOptions::sink_reads_device_pool.
 class TransportKvSink : public KvSink {
  public:
   TransportKvSink(std::unique_ptr<KvSender> sender, uint64_t transfer_id,
-                  std::string model_id, const KvSinkInfo& info);
+                  std::string model_id, const KvSinkInfo& info,
+                  bool read_device_pool = false);
   absl::Status SendLayer(int64_t layer,
                          std::span<const uint8_t> bytes) override;
   absl::Status SendLayerChunks(int64_t layer,
@@ -79,6 +93,8 @@ class TransportKvSink : public KvSink {
  private:
   std::unique_ptr<KvSender> sender_;
   KvTransferHeader header_;
+  KvSinkInfo info_;
+  bool read_device_pool_;
 };
 
 // A factory connecting a TcpKvSender to `endpoint` for `transfer_id` when

@@ -36,6 +36,7 @@ struct Sequence {
   // --- Prefill-only requests (on_prefill set instead of on_output) ---
   PrefillCallback on_prefill;
   KvSinkFactory make_sink;
+  bool sink_reads_device_pool = false;  // no host staging for the handoff
   // Started with the step that runs the prompt's last chunk.
   std::unique_ptr<KvHandoff> handoff;
   uint64_t handoff_serial = 0;
@@ -46,6 +47,8 @@ struct Sequence {
   // The first output, produced when the imported tokens were replayed into
   // the detokenizer and stop checker; sent when the engine adopts it.
   std::optional<RequestOutput> initial_output;
+  // The import landed in the runner's device pool (no CopyToDevice).
+  bool kv_on_device = false;
 
   bool prefill_only() const { return static_cast<bool>(on_prefill); }
 

@@ -51,7 +51,7 @@ class ShadowRunner : public ForwardRunner {
       : inner_(std::move(inner)),
         cache_(cache),
         control_(std::move(control)),
-        device_(cache->pool_bytes(), 0) {}
+        device_(new uint8_t[cache->pool_bytes()]()) {}
 
   static ForwardRunnerFactory Factory(
       std::shared_ptr<ShadowRunnerControl> control) {
@@ -93,6 +93,7 @@ class ShadowRunner : public ForwardRunner {
     return health_;
   }
   std::string device_name() const override { return "shadow:0"; }
+  uint8_t* device_kv_pool() const override { return device_.get(); }
 
   absl::Status CopyLayerToHost(
       int64_t layer, std::span<const BlockTable* const> tables) override {
@@ -124,7 +125,7 @@ class ShadowRunner : public ForwardRunner {
 
  private:
   uint8_t* DeviceChunk(int64_t layer, int32_t block) {
-    return device_.data() +
+    return device_.get() +
            (static_cast<uint64_t>(layer) * cache_->num_blocks_total() +
             static_cast<uint64_t>(block)) *
                cache_->chunk_bytes();
@@ -155,7 +156,7 @@ class ShadowRunner : public ForwardRunner {
   std::unique_ptr<ModelRunner> inner_;
   KvCache* cache_;
   std::shared_ptr<ShadowRunnerControl> control_;
-  std::vector<uint8_t> device_;
+  std::unique_ptr<uint8_t[]> device_;  // the "device" pool
   mutable absl::Mutex mu_;
   absl::Status health_;
 };
