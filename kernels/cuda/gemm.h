@@ -20,6 +20,13 @@
 // and never synchronizes; pointers must stay valid until the stream reaches
 // the product. A CudaGemm must not be used from two threads at once.
 //
+// CUDA graphs: Matmul may be captured (stream capture on the bound stream).
+// The handle's workspace is fixed at Create (cublasSetWorkspace, never reset:
+// the stream is set once, before it), so a captured product allocates
+// nothing; with workspace_bytes == 0 cuBLAS runs without one. Run each
+// shape once outside the capture first so that cuBLAS's own lazy set-up
+// (kernel choice, module loading) does not happen inside it.
+//
 // Determinism: cuBLAS gives bit-identical results for identical shapes on
 // the same GPU model and library version, because the workspace is fixed
 // (cublasSetWorkspace) per handle. Different M may select different

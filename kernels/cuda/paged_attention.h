@@ -69,11 +69,17 @@ struct PagedPrefillBatch {
 };
 
 // A decode batch: one new token per sequence, at position
-// context_lens[s] - 1; its cache holds positions [0, context_lens[s]).
+// context_lens[s] - 1; its cache holds positions [0, context_lens[s]). A
+// sequence with context_lens[s] == 0 is padding (a fixed-size batch under a
+// CUDA graph): its rows of out are zeros and no K/V is read for it.
+//   max_context_len fixes the launch grid (PagedDecodeNumSplits of it along
+// the context); results do not depend on it, so a fixed bound far above the
+// batch's contexts gives the same bits, at the cost of CTAs that exit at
+// once: (splits(bound) - splits(context)) per (KV head, sequence).
 struct PagedDecodeBatch {
   int32_t num_seqs = 0;         // [0, 65535]
   int32_t max_context_len = 0;  // host bound >= every context_lens[s], >= 1
-  const int32_t* context_lens = nullptr;  // device int32 [num_seqs], >= 1
+  const int32_t* context_lens = nullptr;  // device int32 [num_seqs], >= 0
   DeviceBlockTables tables;
 };
 
@@ -112,9 +118,9 @@ size_t PagedDecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads,
 //   workspace: device, >= PagedDecodeWorkspaceBytes(num_seqs, num_heads,
 //              head_dim, max_context_len) bytes, 16-aligned; may be null when
 //              that is 0. Not read before written; contents are scratch.
-// Malformed device metadata (a context outside [1, max_context_len], a short
+// Malformed device metadata (a context outside [0, max_context_len], a short
 // block-table row, a block id outside [0, num_blocks)) sets that sequence's
-// rows of out to NaN and reads nothing out of bounds.
+// rows of out to NaN and reads nothing out of bounds; context 0 gives zeros.
 // cudaErrorInvalidValue without launching as PagedAttentionPrefill, and for a
 // workspace smaller than needed. Asynchronous on `stream` (two launches when
 // max_context_len > kPagedDecodeMinKeysPerSplit).

@@ -13,9 +13,14 @@
 //      over keys kl, kl + kKeyLanes, ...; the key lanes are summed once at
 //      the end, in a fixed order.
 // A sequence with one split writes out directly; otherwise each split writes
-// (m, l, unnormalised o) and CombineKernel merges them. Splits, their ranges
-// and every reduction order depend only on the sequence's own context, so a
-// token's output does not depend on the batch it ran in.
+// (m, l, unnormalised o) and CombineKernel merges them. A sequence of context
+// 0 (a padding row) is written as zeros by split 0 and reads no K/V.
+// max_context_len only sets the grid's split dimension (CTAs beyond a
+// sequence's own split count return at once) and the workspace stride, never
+// a sequence's splits or ranges, so a batch may pass a bound far above its
+// contexts (CUDA graphs pass a fixed one) for the cost of those empty CTAs.
+// Splits, their ranges and every reduction order depend only on the sequence's
+// own context, so a token's output does not depend on the batch it ran in.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -110,11 +115,13 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(const DecodeParams p) {
       table_end < table_begin ||
       static_cast<int64_t>(table_end - table_begin) * p.pool.block_size < ctx;
   if (bad_meta) {
+    // A padding row (context 0) has splits == 1 and gets zeros.
+    const float fill = ctx == 0 ? 0.f : QuietNaN();
     for (int idx = tid; idx < group * D; idx += kThreads) {
       const int h = idx / D;
       const int d = idx % D;
       if (splits == 1) {
-        p.out[(row0 + h) * D + d] = QuietNaN();
+        p.out[(row0 + h) * D + d] = fill;
       } else {
         const int64_t slot = slot0 + static_cast<int64_t>(h) * p.max_splits;
         p.ws_o[slot * D + d] = QuietNaN();

@@ -3,7 +3,9 @@
 // in the same run: decode tokens/s at several batch sizes over a cached
 // context, as a fraction of the HBM bandwidth (bytes of weights + KV read
 // per step / step time), and prefill tokens/s of one long prompt, as a
-// fraction of the dense bf16 GEMM rate.
+// fraction of the dense bf16 GEMM rate. Decode runs through CUDA graphs
+// (the runner's default) and again eagerly (rows marked "eager"), so the
+// launch overhead the graphs save is visible.
 //
 //   cuda_forward_bench [--model=/tmp/x.gguf] [--decode_batches=1,64] ...
 //
@@ -18,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "model/synth/shapes.h"
 #include "model/synth/synth_model.h"
@@ -67,6 +70,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 struct DecodeResult {
   int64_t batch = 0;
+  bool eager = false;  // graphs off
   double step_ms = 0;
   double tokens_per_s = 0;
   double bytes_per_step = 0;  // weights + KV read
@@ -250,35 +254,58 @@ int Run() {
       static_cast<long long>(num_blocks), Seconds(load, Clock::now()));
 
   std::vector<DecodeResult> decode;
-  for (int64_t b : batches) {
-    decode.push_back(
-        MeasureDecode(*runner, *allocator, b, context, warmup, steps));
+  for (bool eager : {false, true}) {
+    runner->set_cuda_graphs(!eager);
+    for (int64_t b : batches) {
+      decode.push_back(
+          MeasureDecode(*runner, *allocator, b, context, warmup, steps));
+      decode.back().eager = eager;
+    }
+  }
+  runner->set_cuda_graphs(true);
+  const int64_t launches = runner->graph_launches();
+  std::string captured;
+  for (const DecodeGraphKey& k : runner->captured_graphs()) {
+    absl::StrAppend(&captured, captured.empty() ? "" : ", ", k.bucket, "/",
+                    k.context_bound);
+  }
+  for (const auto& [k, why] : runner->graph_failures()) {
+    std::printf("graph capture failed (bucket %lld, context %lld): %s\n",
+                static_cast<long long>(k.bucket),
+                static_cast<long long>(k.context_bound),
+                why.ToString().c_str());
   }
   const PrefillResult p =
       MeasurePrefill(*runner, *allocator, prefill,
                      std::max(1, absl::GetFlag(FLAGS_prefill_repeats)));
 
-  std::printf("\n%-28s %12s %10s %14s %10s\n", "case", "tokens/s", "ms",
+  std::printf("\n%-34s %12s %10s %14s %10s\n", "case", "tokens/s", "ms",
               "achieved", "of ceiling");
   for (const DecodeResult& d : decode) {
     char name[64];
-    std::snprintf(name, sizeof(name), "decode batch %lld ctx %lld",
+    std::snprintf(name, sizeof(name), "decode batch %lld ctx %lld%s",
                   static_cast<long long>(d.batch),
-                  static_cast<long long>(context));
-    std::printf("%-28s %12.1f %10.2f %9.0f GB/s %9.1f%%\n", name,
+                  static_cast<long long>(context), d.eager ? " eager" : "");
+    std::printf("%-34s %12.1f %10.2f %9.0f GB/s %9.1f%%\n", name,
                 d.tokens_per_s, d.step_ms, d.achieved_gbps,
                 100.0 * d.achieved_gbps / hbm);
   }
   char name[64];
   std::snprintf(name, sizeof(name), "prefill %lld tokens",
                 static_cast<long long>(p.tokens));
-  std::printf("%-28s %12.1f %10.2f %6.1f TFLOP/s %9.1f%%\n", name,
+  std::printf("%-34s %12.1f %10.2f %6.1f TFLOP/s %9.1f%%\n", name,
               p.tokens_per_s, p.ms, p.tflops, 100.0 * p.tflops / gemm);
   std::printf(
       "ceilings: HBM %.0f GB/s (device-to-device copy, read+write), "
       "bf16 GEMM %.1f TFLOP/s; decode bytes = bf16 matrices + K/V "
-      "read per step; CUDA graphs not used\n",
+      "read per step\n",
       hbm, gemm);
+  std::printf(
+      "CUDA graphs: decode rows without \"eager\" ran %lld graph launches "
+      "(a bucket's first step runs before its capture, in the warm-up); "
+      "graphs captured (bucket/context tier): %s\n",
+      static_cast<long long>(launches),
+      captured.empty() ? "none" : captured.c_str());
   return runner->healthy() ? 0 : 1;
 }
 

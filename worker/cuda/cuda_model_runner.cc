@@ -16,6 +16,7 @@ namespace baton {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxGraphBatch = 4096;
 
 // Everything Create can check without a device.
 absl::Status CheckShapes(const ModelConfig& c, const KvLayout& layout,
@@ -51,6 +52,12 @@ absl::Status CheckShapes(const ModelConfig& c, const KvLayout& layout,
   if (o.max_logits_rows < 1 || o.max_logits_rows > kInt32Max) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_logits_rows must be in [1, 2^31 - 1], got ", o.max_logits_rows));
+  }
+  if (o.cuda_graphs &&
+      (o.max_graph_batch < 1 || o.max_graph_batch > kMaxGraphBatch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_graph_batch must be in [1, ", kMaxGraphBatch,
+                     "], got ", o.max_graph_batch));
   }
   if (o.device < 0) {
     return absl::InvalidArgumentError(
@@ -154,7 +161,35 @@ absl::Status CudaModelRunner::Init(const ModelWeights& weights,
   attention_scale_ = static_cast<float>(
       1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
   BATON_RETURN_IF_ERROR(AllocateActivations());
+  BATON_RETURN_IF_ERROR(AllocateGraphResources());
   return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaModelRunner::AllocateGraphResources() {
+  if (!options_.cuda_graphs) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  graph_max_batch_ =
+      std::min({options_.max_graph_batch, options_.max_batch_tokens,
+                options_.max_logits_rows});
+  max_blocks_per_seq_ =
+      (c.context_length + layout_.block_size - 1) / layout_.block_size;
+  // Every smaller bucket's layout is smaller: one buffer serves them all.
+  const DecodeGraphLayout largest =
+      MakeDecodeGraphLayout(graph_max_batch_, max_blocks_per_seq_);
+  BATON_ASSIGN_OR_RETURN(
+      graph_meta_,
+      DeviceAllocation::Create(static_cast<uint64_t>(largest.total) * 4,
+                               "decode graph metadata"));
+  BATON_ASSIGN_OR_RETURN(graph_staging_,
+                         PinnedInt32Buffer::Create(largest.total));
+  BATON_ASSIGN_OR_RETURN(
+      graph_workspace_,
+      DeviceAllocation::Create(
+          cuda::PagedDecodeWorkspaceBytes(graph_max_batch_, c.num_heads,
+                                          c.head_dim, c.context_length),
+          "decode graph attention workspace"));
+  graphs_ = std::make_unique<DecodeGraphCache>();
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::AllocateActivations() {
@@ -196,6 +231,7 @@ absl::Status CudaModelRunner::AllocateActivations() {
 CudaModelRunner::~CudaModelRunner() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  graphs_.reset();
   gemm_.reset();
   if (kv_written_ != nullptr) cudaEventDestroy(kv_written_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -246,6 +282,19 @@ absl::Status CudaModelRunner::Step(std::span<const ForwardItem> items,
                                    std::vector<float>* logits,
                                    const LayerDoneFn& on_layer_done) {
   BATON_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  if (graph_max_batch_ > 0 && graphs_enabled_ &&
+      DecodeGraphEligible(items, static_cast<bool>(on_layer_done),
+                          graph_max_batch_)) {
+    bool ran = false;
+    BATON_RETURN_IF_ERROR(GraphStep(items, logits, &ran));
+    if (ran) return absl::OkStatus();
+  }
+  return EagerStep(items, logits, on_layer_done);
+}
+
+absl::Status CudaModelRunner::EagerStep(std::span<const ForwardItem> items,
+                                        std::vector<float>* logits,
+                                        const LayerDoneFn& on_layer_done) {
   BuildForwardPlan(items, layout_.block_size, &plan_);
   const uint64_t meta_bytes = plan_.packed.size() * sizeof(int32_t);
   BATON_RETURN_IF_ERROR(EnsureDeviceBytes(&meta_, meta_bytes, "step metadata"));
@@ -262,13 +311,35 @@ absl::Status CudaModelRunner::Step(std::span<const ForwardItem> items,
       CudaStatus(cudaMemcpyAsync(meta_.get(), plan_.packed.data(), meta_bytes,
                                  cudaMemcpyHostToDevice, stream_),
                  "metadata upload"));
+  StepView v;
+  v.num_tokens = plan_.num_tokens;
+  v.num_seqs = plan_.num_seqs;
+  v.all_single_token = plan_.all_single_token;
+  v.max_queries_per_seq = plan_.max_queries_per_seq;
+  v.max_context_len = plan_.max_context_len;
+  v.num_logit_rows = plan_.num_logit_rows;
+  v.meta = meta_.as<int32_t>();
+  v.offsets = plan_.offsets;
+  v.decode_workspace = decode_workspace_.get();
+  v.decode_workspace_bytes = decode_workspace_.bytes();
+  v.record_kv_event = true;
+  BATON_RETURN_IF_ERROR(Body(v, on_layer_done));
+  BATON_RETURN_IF_ERROR(LmHead(v, logits));
+  BATON_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamSynchronize(stream_), "end of step"));
+  ++eager_steps_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Body(const StepView& v,
+                                   const LayerDoneFn& on_layer_done) {
   BATON_RETURN_IF_ERROR(CudaStatus(
-      cuda::EmbeddingBF16(Meta(plan_.offsets.token_ids), plan_.num_tokens,
+      cuda::EmbeddingBF16(v.Meta(v.offsets.token_ids), v.num_tokens,
                           weights_->token_embd(), config_.vocab_size,
                           config_.hidden_size, x_.as<float>(), stream_),
       "EmbeddingBF16"));
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    BATON_RETURN_IF_ERROR(Layer(l));
+    BATON_RETURN_IF_ERROR(Layer(l, v));
     if (on_layer_done) {
       BATON_RETURN_IF_ERROR(
           CudaStatus(cudaEventSynchronize(kv_written_),
@@ -277,12 +348,22 @@ absl::Status CudaModelRunner::Step(std::span<const ForwardItem> items,
     }
   }
   // The last layer's down projection joins the residual stream.
-  BATON_RETURN_IF_ERROR(CudaStatus(
+  return CudaStatus(
       cuda::AddInPlace(x_.as<float>(), delta_.as<float>(),
-                       plan_.num_tokens * config_.hidden_size, stream_),
-      "final residual AddInPlace"));
-  BATON_RETURN_IF_ERROR(LmHead(logits));
-  return CudaStatus(cudaStreamSynchronize(stream_), "end of step");
+                       v.num_tokens * config_.hidden_size, stream_),
+      "final residual AddInPlace");
+}
+
+std::vector<DecodeGraphKey> CudaModelRunner::captured_graphs() const {
+  return graphs_ != nullptr ? graphs_->captured()
+                            : std::vector<DecodeGraphKey>();
+}
+
+std::vector<std::pair<DecodeGraphKey, absl::Status>>
+CudaModelRunner::graph_failures() const {
+  return graphs_ != nullptr
+             ? graphs_->failures()
+             : std::vector<std::pair<DecodeGraphKey, absl::Status>>();
 }
 
 }  // namespace baton

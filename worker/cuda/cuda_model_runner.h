@@ -19,7 +19,33 @@
 // results may depend in the last bits on the batch (cuBLAS picks kernels by
 // M).
 //
-// CUDA graphs are not used: every step launches its kernels one by one.
+// CUDA graphs (decode steps): a step whose n items each have one token and
+// LogitsMode::kLast, with no on_layer_done and n <= max_graph_batch(), runs
+// as one cudaGraphLaunch of the graph of its DecodeGraphKey
+// (worker/cuda/decode_graph_plan.h: n padded up to a bucket, the decode
+// attention bounded by a context tier). A key's first step runs the same
+// padded batch kernel by kernel (warming up cuBLAS for that M and module
+// loading) and then captures it (cudaStreamCaptureModeThreadLocal on
+// stream(), instantiated once, kept until the runner is destroyed). The
+// step's int32 metadata is packed on the host into a pinned staging buffer
+// in the bucket's fixed layout and uploaded by one cudaMemcpyAsync into a
+// device buffer at a fixed address before the launch; every activation,
+// weight, workspace and the pool stay at their addresses for the runner's
+// lifetime, so a graph replays with new tokens, positions and block tables.
+// The graph ends with the LM head into the device logits buffer; the n real
+// rows are copied to the host after the launch. Padding rows write no K/V
+// and read none (see decode_graph_plan.h), so they never touch the pool or
+// the real rows. Every other step runs eagerly (kernel by kernel), as do all
+// steps when options.cuda_graphs is false.
+//   Real rows of a graph step equal the eager step of the same items bit for
+// bit when n is a bucket size (same kernels, same grids; the decode
+// attention's result does not depend on max_context_len). With padding, the
+// GEMMs run with M = bucket instead of n and cuBLAS may pick another kernel,
+// so rows may differ in the last bits, as they already do between batch
+// sizes.
+//   A capture or instantiation failure makes that key run eagerly for good
+// (graph_failures() says why); a failure of a graph launch or of the work
+// around it fails the step and marks the runner unhealthy like any step.
 //
 // Thread safety: none; one thread calls Forward at a time.
 #ifndef BATON_WORKER_CUDA_CUDA_MODEL_RUNNER_H_
@@ -30,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +64,8 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_blocks.h"
 #include "kernels/cuda/rope.h"
+#include "worker/cuda/decode_graph_cache.h"
+#include "worker/cuda/decode_graph_plan.h"
 #include "worker/cuda/device_memory.h"
 #include "worker/cuda/device_weights.h"
 #include "worker/cuda/forward_plan.h"
@@ -64,6 +93,16 @@ struct CudaRunnerOptions {
   // Logit rows per LM-head GEMM (the device logits buffer holds this many
   // rows of vocab floats; more rows are computed in several passes).
   int64_t max_logits_rows = 256;
+  // Runs qualifying decode steps through CUDA graphs (see the file comment);
+  // false runs every step eagerly and allocates nothing for graphs.
+  bool cuda_graphs = true;
+  // Largest decode batch run through a graph, in [1, 4096]; the runner uses
+  // min(max_graph_batch, max_batch_tokens, max_logits_rows). Larger decode
+  // batches run eagerly. The graph metadata takes about
+  // max_graph_batch * (8 + ceil(context_length / block_size)) * 4 bytes of
+  // device and pinned host memory each, the graph decode workspace
+  // max_graph_batch * num_heads * 32 * (head_dim + 2) * 4 bytes.
+  int64_t max_graph_batch = 64;
 };
 
 class CudaModelRunner {
@@ -105,6 +144,23 @@ class CudaModelRunner {
                        std::vector<float>* logits,
                        const LayerDoneFn& on_layer_done = nullptr);
 
+  // --- The CUDA-graph decode path (see the file comment) ---
+  // Steps run by cudaGraphLaunch, and steps run eagerly (kernel by kernel;
+  // a key's first, pre-capture step counts here), since Create; rejected
+  // and failed steps count in neither.
+  int64_t graph_launches() const { return graph_launches_; }
+  int64_t eager_steps() const { return eager_steps_; }
+  // The largest decode batch that runs through a graph; 0 when
+  // options.cuda_graphs is false.
+  int64_t max_graph_batch() const { return graph_max_batch_; }
+  // Keys with a captured graph, and keys whose capture failed (with the
+  // reason); both in key order.
+  std::vector<DecodeGraphKey> captured_graphs() const;
+  std::vector<std::pair<DecodeGraphKey, absl::Status>> graph_failures() const;
+  // Turns the graph path off (false) or back on for later steps; captured
+  // graphs are kept. No effect when options.cuda_graphs was false.
+  void set_cuda_graphs(bool enabled) { graphs_enabled_ = enabled; }
+
   // False once a step failed on the device; the worker should then report
   // itself unhealthy. unhealthy_reason() is the first failure.
   bool healthy() const { return unhealthy_reason_.ok(); }
@@ -138,22 +194,54 @@ class CudaModelRunner {
         num_blocks_(num_blocks),
         options_(options),
         device_(options.device) {}
+  // What the enqueued ops of one step read: the batch's shape and where its
+  // int32 metadata lives on the device (plan_ in meta_ for an eager step, a
+  // bucket's fixed layout in graph_meta_ for a graph).
+  struct StepView {
+    int64_t num_tokens = 0;  // rows of every activation
+    int64_t num_seqs = 0;
+    bool all_single_token = false;    // the decode attention kernel applies
+    int32_t max_queries_per_seq = 0;  // prefill attention bound
+    int32_t max_context_len = 0;      // decode attention bound
+    int64_t num_logit_rows = 0;
+    const int32_t* meta = nullptr;  // device base of `offsets`
+    ForwardPlanOffsets offsets;
+    void* decode_workspace = nullptr;
+    size_t decode_workspace_bytes = 0;
+    bool record_kv_event = true;  // kv_written_ after each layer's K/V write
+    const int32_t* Meta(int64_t offset) const { return meta + offset; }
+  };
+
   absl::Status Init(const ModelWeights& weights, const RopeOptions& rope);
   absl::Status AllocateActivations();
+  // The graph metadata buffers and workspace (when graph_max_batch_ > 0).
+  absl::Status AllocateGraphResources();
   // Records `status` as the reason the runner is unhealthy and returns it.
   absl::Status Fail(absl::Status status);
   // The step after validation; any error it returns marks the runner
-  // unhealthy.
+  // unhealthy. Runs the graph path when the step qualifies, else eagerly.
   absl::Status Step(std::span<const ForwardItem> items,
                     std::vector<float>* logits,
                     const LayerDoneFn& on_layer_done);
-  absl::Status Layer(int64_t l);
-  absl::Status Attention(int64_t l);
-  absl::Status LmHead(std::vector<float>* logits);
-  // Device int32 metadata at `offset` of plan_.packed.
-  const int32_t* Meta(int64_t offset) const {
-    return meta_.as<int32_t>() + offset;
-  }
+  absl::Status EagerStep(std::span<const ForwardItem> items,
+                         std::vector<float>* logits,
+                         const LayerDoneFn& on_layer_done);
+  // The graph path of a qualifying step (decode_graph_step.cc). *ran is
+  // false (and nothing was enqueued) when the step's key cannot use a graph;
+  // the caller then runs it eagerly.
+  absl::Status GraphStep(std::span<const ForwardItem> items,
+                         std::vector<float>* logits, bool* ran);
+  // Embedding, every layer (calling on_layer_done after each when set; not
+  // under capture) and the final residual add: x_ holds the last hidden
+  // states of v.num_tokens rows.
+  absl::Status Body(const StepView& v, const LayerDoneFn& on_layer_done);
+  absl::Status Layer(int64_t l, const StepView& v);
+  absl::Status Attention(int64_t l, const StepView& v);
+  // Logit rows [r0, r0 + n) of the step, n <= the logits buffer's rows:
+  // gather, final norm, LM head GEMM into logits_ (rows 0 .. n - 1).
+  absl::Status LmHeadRows(const StepView& v, int64_t r0, int64_t n);
+  // Every logit row of an eager step, pass by pass, onto the host.
+  absl::Status LmHead(const StepView& v, std::vector<float>* logits);
 
   const ModelConfig config_;
   const KvLayout layout_;
@@ -183,6 +271,17 @@ class CudaModelRunner {
   DeviceAllocation decode_workspace_;  // PagedAttentionDecode's
 
   ForwardPlan plan_;
+  int64_t eager_steps_ = 0;
+
+  // The graph path; fixed addresses for the runner's lifetime.
+  int64_t graph_max_batch_ = 0;     // 0: no graphs
+  int64_t max_blocks_per_seq_ = 0;  // ceil(context_length / block_size)
+  bool graphs_enabled_ = true;
+  DeviceAllocation graph_meta_;       // int32, the largest bucket's layout
+  DeviceAllocation graph_workspace_;  // decode workspace, largest bucket
+  PinnedInt32Buffer graph_staging_;   // host side of graph_meta_
+  std::unique_ptr<DecodeGraphCache> graphs_;
+  int64_t graph_launches_ = 0;
 };
 
 }  // namespace baton

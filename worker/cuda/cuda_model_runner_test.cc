@@ -60,6 +60,9 @@ TEST_F(CudaModelRunnerTest, CreateRejectsBadArgumentsBeforeTouchingADevice) {
   CudaRunnerOptions no_rows;
   no_rows.max_logits_rows = -1;
   cases.push_back({good, 8, no_rows, "max_logits_rows must be"});
+  CudaRunnerOptions no_graph_rows;
+  no_graph_rows.max_graph_batch = 0;
+  cases.push_back({good, 8, no_graph_rows, "max_graph_batch must be"});
   CudaRunnerOptions bad_device;
   bad_device.device = -1;
   cases.push_back({good, 8, bad_device, "device must be >= 0"});

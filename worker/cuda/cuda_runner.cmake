@@ -7,17 +7,24 @@ add_library(baton_cuda_runner STATIC
   ${CMAKE_CURRENT_LIST_DIR}/device_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/device_weights.cc
   ${CMAKE_CURRENT_LIST_DIR}/forward_plan.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_graph_plan.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_graph_cache.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_graph_step.cc
   ${CMAKE_CURRENT_LIST_DIR}/cuda_model_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/cuda_model_runner_layer.cc)
 target_include_directories(baton_cuda_runner PUBLIC ${CMAKE_SOURCE_DIR})
 target_compile_options(baton_cuda_runner PRIVATE ${BATON_CUDA_WARNINGS})
 target_link_libraries(baton_cuda_runner PUBLIC
   baton_cuda_elementwise baton_cuda_attention baton_cuda_gemm baton_model_runner
-  baton_kv_cache CUDA::cudart absl::status absl::statusor absl::strings)
+  baton_kv_cache baton_common CUDA::cudart absl::status absl::statusor
+  absl::strings)
 
-# Plan/validation tests run everywhere; the device tests skip without a GPU.
+# Plan/validation tests (the decode-graph plan included) run everywhere; the
+# device tests skip without a GPU.
 baton_test(cuda_model_runner_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/forward_plan_test.cc
+       ${CMAKE_CURRENT_LIST_DIR}/decode_graph_plan_test.cc
+       ${CMAKE_CURRENT_LIST_DIR}/decode_graph_runner_test.cc
        ${CMAKE_CURRENT_LIST_DIR}/runner_kernels_test.cc
        ${CMAKE_CURRENT_LIST_DIR}/cuda_model_runner_test.cc
   DEPS baton_cuda_runner baton_cuda_test_util baton_model_runner

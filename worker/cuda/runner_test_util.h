@@ -106,10 +106,11 @@ struct GpuForward {
   }
 };
 
-inline std::unique_ptr<GpuForward> MakeGpuForward(const ModelWeights* weights,
-                                                  int64_t num_blocks,
-                                                  int64_t max_batch_tokens,
-                                                  int64_t max_logits_rows) {
+// `cuda_graphs` and `max_graph_batch` as CudaRunnerOptions.
+inline std::unique_ptr<GpuForward> MakeGpuForward(
+    const ModelWeights* weights, int64_t num_blocks, int64_t max_batch_tokens,
+    int64_t max_logits_rows, bool cuda_graphs = true,
+    int64_t max_graph_batch = 64) {
   auto f = std::make_unique<GpuForward>();
   f->allocator = MakeAllocator(*weights, num_blocks);
   if (f->allocator == nullptr) return nullptr;
@@ -117,6 +118,8 @@ inline std::unique_ptr<GpuForward> MakeGpuForward(const ModelWeights* weights,
   options.allocator = f->allocator.get();
   options.max_batch_tokens = max_batch_tokens;
   options.max_logits_rows = max_logits_rows;
+  options.cuda_graphs = cuda_graphs;
+  options.max_graph_batch = max_graph_batch;
   auto runner = CudaModelRunner::Create(weights, f->allocator->layout(),
                                         num_blocks, options);
   if (!runner.ok()) {
