@@ -46,6 +46,9 @@ class CudaEngineRunner : public ForwardRunner {
   absl::Status CopyLayerToHost(
       int64_t layer, std::span<const BlockTable* const> tables) override;
   absl::Status CopyToDevice(const BlockTable& table) override;
+  uint8_t* device_kv_pool() const override {
+    return static_cast<uint8_t*>(runner_->pool());
+  }
 
   CudaModelRunner& runner() { return *runner_; }
 
