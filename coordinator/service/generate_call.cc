@@ -250,6 +250,7 @@ absl::Status GenerateCall::Serve() {
     v1::KvTarget* target = prefill_request.mutable_kv_target();
     *target->mutable_decode_worker() = ToRef(*decode_);
     *target->mutable_endpoint() = reservation_.endpoint();
+    *target->mutable_alternatives() = reservation_.alternatives();
     target->set_transfer_id(reservation_.transfer_id());
   }
   grpc::ClientContext prefill_context;

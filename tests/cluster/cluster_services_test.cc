@@ -3,12 +3,16 @@
 // `baton status` and GetClusterStatus report the workers' roles and pools.
 #include <grpcpp/grpcpp.h>
 
+#include <sys/wait.h>
+
+#include <filesystem>
 #include <set>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/local_cluster.h"
 
@@ -99,6 +103,33 @@ TEST(ClusterServicesTest, ClusterStatusListsRolesAndPools) {
                                                   v1::WORKER_ROLE_BOTH}));
   const absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// The worker's exit status for `device`, started standalone on the default
+// model; -1 if it is still running after 60 s (it then serves, which a
+// refused device must not).
+int WorkerExitStatus(const std::string& device) {
+  auto child = ChildProcess::Start(
+      {BinaryDir() + "/baton-worker", "--device=" + device,
+       "--model=" + DefaultModelPath(), "--listen=127.0.0.1:0",
+       "--kv_listen=127.0.0.1:0"});
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return -1;
+  auto status = (*child)->Wait(absl::Seconds(60));
+  if (!status.ok() || !WIFEXITED(*status)) return -1;
+  return WEXITSTATUS(*status);
+}
+
+TEST(ClusterServicesTest, WorkerRefusesADeviceItCannotUse) {
+  EXPECT_EQ(WorkerExitStatus("gpu"), 2) << "an unknown device is a flag error";
+  EXPECT_EQ(WorkerExitStatus("cuda:x"), 2);
+  if (std::filesystem::exists("/dev/nvidiactl")) {
+    GTEST_SKIP() << "this host has a GPU: cuda:0 would serve";
+  }
+  // Built with CUDA: exits 1 naming the CUDA error; without: 2 naming the
+  // build option. Either way before serving.
+  const int status = WorkerExitStatus("cuda:0");
+  EXPECT_TRUE(status == 1 || status == 2) << status;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "worker/cuda/cuda_engine_runner.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
 
@@ -130,6 +132,25 @@ absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table) {
   }
   if (!status.ok()) return Fail(status);
   return status;
+}
+
+absl::StatusOr<std::string> CudaDeviceIdentity(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cudaGetDeviceProperties(", device, "): ", cudaGetErrorName(err), " (",
+        cudaGetErrorString(err), ")"));
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppend(&uuid, absl::Hex(static_cast<uint8_t>(prop.uuid.bytes[i]),
+                                     absl::kZeroPad2));
+  }
+  return absl::StrCat(host, "/", uuid);
 }
 
 ForwardRunnerFactory MakeCudaRunnerFactory(const CudaRunnerOptions& options) {

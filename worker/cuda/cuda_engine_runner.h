@@ -72,6 +72,11 @@ class CudaEngineRunner : public ForwardRunner {
 // EngineOptions::make_runner for a CUDA device (options.device).
 ForwardRunnerFactory MakeCudaRunnerFactory(const CudaRunnerOptions& options);
 
+// "HOSTNAME/GPU-<uuid>" of CUDA device `device`: equal for two processes
+// exactly when they use the same GPU (WorkerServiceOptions::kv_device).
+// FailedPrecondition naming the CUDA error without such a device.
+absl::StatusOr<std::string> CudaDeviceIdentity(int device);
+
 }  // namespace baton
 
 #endif  // BATON_WORKER_CUDA_CUDA_ENGINE_RUNNER_H_

@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "worker/engine/cuda_ipc_handoff.h"
 #include "worker/engine/disaggregation_test_util.h"
 #include "worker/engine/shadow_runner_test_util.h"
 #include "worker/transport/cuda_ipc_fake_api.h"
@@ -29,32 +30,14 @@ class FakeCudaIpcSplitTransport : public SplitTransport {
     auto mappings = CudaIpcPeerMappings::Create(&api_, 0);
     ASSERT_TRUE(mappings.ok()) << mappings.status();
     mappings_ = std::move(*mappings);
-    CudaIpcKvReceiverCallbacks callbacks;
-    Engine* engine = &decode;
-    callbacks.lookup =
-        [engine](uint64_t id) -> absl::StatusOr<CudaIpcKvTarget> {
-      auto target = engine->ImportTarget(id, /*lands_on_device=*/true);
-      if (!target.ok()) return target.status();
-      return CudaIpcKvTarget{*target, engine->device_kv_pool()};
-    };
-    callbacks.on_done = [engine](uint64_t id, absl::Status status) {
-      engine->ImportDone(id, std::move(status));
-    };
-    auto receiver = CudaIpcKvReceiver::Start(&api_, {}, callbacks);
+    auto receiver =
+        CudaIpcKvReceiver::Start(&api_, {}, CudaIpcImportCallbacks(&decode));
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = std::move(*receiver);
   }
   KvSinkFactory Sink(uint64_t transfer_id) override {
-    return
-        [this, transfer_id](
-            const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
-          auto sender = CudaIpcKvSender::Connect(
-              mappings_.get(), receiver_->endpoint(), transfer_id);
-          if (!sender.ok()) return sender.status();
-          return std::make_unique<TransportKvSink>(std::move(*sender),
-                                                   transfer_id, "", info,
-                                                   /*read_device_pool=*/true);
-        };
+    return CudaIpcKvSinkFactory(mappings_.get(), receiver_->endpoint(),
+                                transfer_id);
   }
   void Stop() override {
     receiver_.reset();

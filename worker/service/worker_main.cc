@@ -38,6 +38,9 @@
 #include "worker/service/worker_service.h"
 #if BATON_WORKER_CUDA
 #include "worker/cuda/cuda_engine_runner.h"
+#include "worker/engine/cuda_ipc_handoff.h"
+#include "worker/transport/cuda_ipc_api.h"
+#include "worker/transport/cuda_ipc_kv_transport.h"
 #endif
 
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both");
@@ -362,6 +365,44 @@ int Main() {
   }
   options.reservation_ttl =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
+#if BATON_WORKER_CUDA
+  // A GPU worker also hands KV over CUDA IPC to and from workers on the
+  // same GPU (the coordinator passes both endpoints; the sender chooses).
+  std::unique_ptr<CudaIpcApi> ipc_api;
+  std::unique_ptr<CudaIpcPeerMappings> ipc_mappings;
+  if (device->kind == DeviceSpec::Kind::kCuda) {
+    auto identity = CudaDeviceIdentity(device->index);
+    if (!identity.ok()) {
+      Log(identity.status().ToString());
+      return 1;
+    }
+    options.kv_device = *identity;
+    ipc_api = CreateCudaIpcApi();
+    auto mappings = CudaIpcPeerMappings::Create(ipc_api.get(), device->index);
+    if (!mappings.ok()) {
+      Log(mappings.status().ToString());
+      return 1;
+    }
+    ipc_mappings = std::move(*mappings);
+    CudaIpcKvReceiverOptions ipc_options;
+    ipc_options.host = kv_host;
+    ipc_options.device = device->index;
+    options.start_device_receiver =
+        [api = ipc_api.get(), ipc_options](
+            Engine* e) -> absl::StatusOr<std::unique_ptr<KvReceiver>> {
+      auto receiver =
+          CudaIpcKvReceiver::Start(api, ipc_options, CudaIpcImportCallbacks(e));
+      if (!receiver.ok()) return receiver.status();
+      return std::unique_ptr<KvReceiver>(std::move(*receiver));
+    };
+    options.make_device_sink = [mappings = ipc_mappings.get()](
+                                   const std::string& address,
+                                   uint64_t transfer_id,
+                                   const std::string& model_id) {
+      return CudaIpcKvSinkFactory(mappings, address, transfer_id, model_id);
+    };
+  }
+#endif
   auto service = WorkerService::Create(options, engine->get());
   if (!service.ok()) {
     Log(service.status().ToString());
@@ -405,6 +446,10 @@ int Main() {
     request.set_model_id(options.model_id);
     *request.mutable_kv_layout() = ToProto((*engine)->kv_cache().layout());
     request.set_kv_blocks_total((*engine)->stats().kv_blocks_total);
+    if (!options.kv_device.empty()) {
+      request.add_kv_transports(v1::KV_TRANSPORT_CUDA_IPC);
+      request.set_kv_device(options.kv_device);
+    }
     request.add_kv_transports(v1::KV_TRANSPORT_HOST_TCP);
     request.set_context_length(static_cast<int32_t>(config.context_length));
     request.set_vocab_size(static_cast<int32_t>(config.vocab_size));

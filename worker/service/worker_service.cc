@@ -31,6 +31,11 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
                                          service->MeteredImportCallbacks());
     if (!receiver.ok()) return receiver.status();
     service->receiver_ = std::move(*receiver);
+    if (options.start_device_receiver) {
+      auto device_receiver = options.start_device_receiver(engine);
+      if (!device_receiver.ok()) return device_receiver.status();
+      service->device_receiver_ = std::move(*device_receiver);
+    }
   }
   service->loop_ = std::make_unique<EngineLoop>(engine);
   WorkerService* self = service.get();
@@ -55,6 +60,7 @@ WorkerService::WorkerService(const WorkerServiceOptions& options,
 WorkerService::~WorkerService() {
   scrape_hook_.reset();
   receiver_.reset();
+  device_receiver_.reset();
   loop_.reset();
   absl::MutexLock lock(&mu_);
   for (auto& [id, pending] : imports_) {
@@ -68,6 +74,11 @@ WorkerService::~WorkerService() {
 
 std::string WorkerService::kv_endpoint() const {
   return receiver_ == nullptr ? std::string() : receiver_->endpoint();
+}
+
+std::string WorkerService::device_kv_endpoint() const {
+  return device_receiver_ == nullptr ? std::string()
+                                     : device_receiver_->endpoint();
 }
 
 void WorkerService::SetWorkerRef(const std::string& worker_id,
@@ -152,14 +163,32 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
                                               GenerationRequest generation,
                                               PrefillReactor* reactor) {
   const v1::KvTarget& target = request.kv_target();
-  const v1::KvTransport transport = target.endpoint().transport();
-  if (transport != v1::KV_TRANSPORT_HOST_TCP &&
-      transport != v1::KV_TRANSPORT_UNSPECIFIED) {
-    return absl::UnimplementedError(absl::StrCat(
-        "kv_target.endpoint.transport: ", v1::KvTransport_Name(transport),
-        " is not supported here (HOST_TCP only)"));
+  // A device-direct endpoint on this worker's own device wins; otherwise
+  // HOST_TCP.
+  const v1::KvEndpoint* device = nullptr;
+  const v1::KvEndpoint* tcp = nullptr;
+  std::vector<const v1::KvEndpoint*> endpoints = {&target.endpoint()};
+  for (const v1::KvEndpoint& e : target.alternatives()) endpoints.push_back(&e);
+  for (const v1::KvEndpoint* e : endpoints) {
+    if (device == nullptr && options_.make_device_sink &&
+        e->transport() == options_.device_kv_transport &&
+        !options_.kv_device.empty() && e->device() == options_.kv_device &&
+        !e->address().empty()) {
+      device = e;
+    }
+    if (tcp == nullptr && (e->transport() == v1::KV_TRANSPORT_HOST_TCP ||
+                           e->transport() == v1::KV_TRANSPORT_UNSPECIFIED)) {
+      tcp = e;
+    }
   }
-  if (target.endpoint().address().empty()) {
+  if (device == nullptr && tcp == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "kv_target.endpoint.transport: ",
+        v1::KvTransport_Name(target.endpoint().transport()),
+        " is not supported here (HOST_TCP, or a device-direct endpoint on "
+        "this worker's device)"));
+  }
+  if (device == nullptr && tcp->address().empty()) {
     return absl::InvalidArgumentError("kv_target.endpoint.address: required");
   }
   uint64_t transfer_id = 0;
@@ -173,11 +202,16 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
   PrefillOptions prefill_options;
-  TcpKvSenderOptions sender_options;
-  sender_options.pool = kv_connections_;
-  prefill_options.make_sink =
-      TcpKvSinkFactory(target.endpoint().address(), transfer_id,
-                       options_.model_id, sender_options);
+  if (device != nullptr) {
+    prefill_options.make_sink = options_.make_device_sink(
+        device->address(), transfer_id, options_.model_id);
+    prefill_options.sink_reads_device_pool = true;
+  } else {
+    TcpKvSenderOptions sender_options;
+    sender_options.pool = kv_connections_;
+    prefill_options.make_sink = TcpKvSinkFactory(
+        tcp->address(), transfer_id, options_.model_id, sender_options);
+  }
   prefill_options.timeout = options_.handoff_timeout;
   {
     absl::MutexLock lock(&mu_);

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics/metrics.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/kv_sink.h"
 #include "worker/service/engine_loop.h"
 #include "worker/service/stream_reactor.h"
 #include "worker/service/worker_metrics.h"
@@ -54,6 +56,26 @@ struct WorkerServiceOptions {
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;
+
+  // --- Device-direct KV (GPU workers) ---
+  // The device holding the engine's KV pool ("HOST/GPU-UUID"); empty for a
+  // CPU worker.
+  std::string kv_device;
+  // The device-direct transport below speaks (CUDA IPC).
+  v1::KvTransport device_kv_transport = v1::KV_TRANSPORT_CUDA_IPC;
+  // Decode and both roles: starts a receiver that lands transfers in the
+  // engine's device pool (e.g. CudaIpcKvReceiver with
+  // CudaIpcImportCallbacks). ReserveKv then offers its endpoint, with
+  // kv_device, as an alternative to the TCP one. Null: TCP only.
+  std::function<absl::StatusOr<std::unique_ptr<KvReceiver>>(Engine*)>
+      start_device_receiver;
+  // Prefill side: the sink for a device_kv_transport endpoint whose device
+  // is kv_device (the sender shares the receiver's GPU), reading the
+  // engine's device pool (e.g. CudaIpcKvSinkFactory). Null: such endpoints
+  // are passed over for HOST_TCP.
+  std::function<KvSinkFactory(const std::string& address, uint64_t transfer_id,
+                              const std::string& model_id)>
+      make_device_sink;
 };
 
 class DecodeStream;
@@ -74,6 +96,8 @@ class WorkerService final : public v1::Worker::CallbackService {
 
   // host:port of the KV receiver; empty for a prefill-only worker.
   std::string kv_endpoint() const;
+  // host:port of the device-direct KV receiver; empty if none.
+  std::string device_kv_endpoint() const;
   // Identity reported by GetWorkerStatus (set once registered).
   void SetWorkerRef(const std::string& worker_id, const std::string& address);
   // Load right now, as heartbeats and GetWorkerStatus report it.
@@ -167,6 +191,7 @@ class WorkerService final : public v1::Worker::CallbackService {
   const WorkerServiceOptions options_;
   Engine* const engine_;
   std::unique_ptr<TcpKvReceiver> receiver_;
+  std::unique_ptr<KvReceiver> device_receiver_;  // see start_device_receiver
   // Idle connections to decode workers' KV receivers, reused by the next
   // handoff to the same worker.
   const std::shared_ptr<TcpKvConnectionPool> kv_connections_ =

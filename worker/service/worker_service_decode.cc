@@ -108,6 +108,12 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   response->set_transfer_id(absl::StrCat(transfer_id));
   response->mutable_endpoint()->set_transport(v1::KV_TRANSPORT_HOST_TCP);
   response->mutable_endpoint()->set_address(receiver_->endpoint());
+  if (device_receiver_ != nullptr) {
+    v1::KvEndpoint* device = response->add_alternatives();
+    device->set_transport(options_.device_kv_transport);
+    device->set_address(device_receiver_->endpoint());
+    device->set_device(options_.kv_device);
+  }
   response->set_blocks_reserved(reservation->num_blocks);
   return FinishUnary(context, absl::OkStatus());
 }

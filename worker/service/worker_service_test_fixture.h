@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,22 +81,29 @@ struct TestWorker {
 
 class WorkerServiceTest : public testing::DefaultModelTest {
  protected:
-  static std::unique_ptr<Engine> MakeEngine() {
+  static std::unique_ptr<Engine> MakeEngine(
+      ForwardRunnerFactory make_runner = nullptr) {
     EngineOptions options;
     options.num_threads = 1;
     options.kv_cache_blocks = 64;
+    options.make_runner = std::move(make_runner);
     auto engine = Engine::Create(options, weights_, tokenizer_);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
 
-  static std::unique_ptr<TestWorker> StartWorker(v1::WorkerRole role) {
+  // `configure` may set more options once the engine exists.
+  static std::unique_ptr<TestWorker> StartWorker(
+      v1::WorkerRole role, ForwardRunnerFactory make_runner = nullptr,
+      const std::function<void(Engine&, WorkerServiceOptions&)>& configure =
+          nullptr) {
     auto worker = std::make_unique<TestWorker>();
-    worker->engine = MakeEngine();
+    worker->engine = MakeEngine(std::move(make_runner));
     if (worker->engine == nullptr) return nullptr;
     WorkerServiceOptions options;
     options.role = role;
     options.model_id = "smollm2";
+    if (configure) configure(*worker->engine, options);
     auto service = WorkerService::Create(options, worker->engine.get());
     EXPECT_TRUE(service.ok()) << service.status();
     if (!service.ok()) return nullptr;
