@@ -38,9 +38,7 @@
 #include "worker/service/worker_service.h"
 #if BATON_WORKER_CUDA
 #include "worker/cuda/cuda_engine_runner.h"
-#include "worker/engine/cuda_ipc_handoff.h"
-#include "worker/transport/cuda_ipc_api.h"
-#include "worker/transport/cuda_ipc_kv_transport.h"
+#include "worker/service/gpu_kv_paths.h"
 #endif
 
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both");
@@ -366,41 +364,17 @@ int Main() {
   options.reservation_ttl =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
 #if BATON_WORKER_CUDA
-  // A GPU worker also hands KV over CUDA IPC to and from workers on the
-  // same GPU (the coordinator passes both endpoints; the sender chooses).
-  std::unique_ptr<CudaIpcApi> ipc_api;
-  std::unique_ptr<CudaIpcPeerMappings> ipc_mappings;
+  // A GPU worker also hands KV device to device: CUDA IPC with workers on
+  // its GPU, NCCL with workers on others (the sender picks; TCP otherwise).
+  std::unique_ptr<GpuKvPaths> gpu_kv;
   if (device->kind == DeviceSpec::Kind::kCuda) {
-    auto identity = CudaDeviceIdentity(device->index);
-    if (!identity.ok()) {
-      Log(identity.status().ToString());
+    auto paths = GpuKvPaths::Create(engine->get(), device->index, kv_host,
+                                    *role, &options);
+    if (!paths.ok()) {
+      Log(paths.status().ToString());
       return 1;
     }
-    options.kv_device = *identity;
-    ipc_api = CreateCudaIpcApi();
-    auto mappings = CudaIpcPeerMappings::Create(ipc_api.get(), device->index);
-    if (!mappings.ok()) {
-      Log(mappings.status().ToString());
-      return 1;
-    }
-    ipc_mappings = std::move(*mappings);
-    CudaIpcKvReceiverOptions ipc_options;
-    ipc_options.host = kv_host;
-    ipc_options.device = device->index;
-    options.start_device_receiver =
-        [api = ipc_api.get(), ipc_options](
-            Engine* e) -> absl::StatusOr<std::unique_ptr<KvReceiver>> {
-      auto receiver =
-          CudaIpcKvReceiver::Start(api, ipc_options, CudaIpcImportCallbacks(e));
-      if (!receiver.ok()) return receiver.status();
-      return std::unique_ptr<KvReceiver>(std::move(*receiver));
-    };
-    options.make_device_sink = [mappings = ipc_mappings.get()](
-                                   const std::string& address,
-                                   uint64_t transfer_id,
-                                   const std::string& model_id) {
-      return CudaIpcKvSinkFactory(mappings, address, transfer_id, model_id);
-    };
+    gpu_kv = std::move(*paths);
   }
 #endif
   auto service = WorkerService::Create(options, engine->get());
@@ -448,6 +422,7 @@ int Main() {
     request.set_kv_blocks_total((*engine)->stats().kv_blocks_total);
     if (!options.kv_device.empty()) {
       request.add_kv_transports(v1::KV_TRANSPORT_CUDA_IPC);
+      request.add_kv_transports(v1::KV_TRANSPORT_NCCL);
       request.set_kv_device(options.kv_device);
     }
     request.add_kv_transports(v1::KV_TRANSPORT_HOST_TCP);
@@ -468,6 +443,9 @@ int Main() {
   metrics_server.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service->reset();
+#if BATON_WORKER_CUDA
+  if (gpu_kv != nullptr) gpu_kv->StopReceiving();  // reaches into the engine
+#endif
   engine->reset();
   return 0;
 }

@@ -166,6 +166,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   // A device-direct endpoint on this worker's own device wins; otherwise
   // HOST_TCP.
   const v1::KvEndpoint* device = nullptr;
+  const v1::KvEndpoint* nccl = nullptr;
   const v1::KvEndpoint* tcp = nullptr;
   std::vector<const v1::KvEndpoint*> endpoints = {&target.endpoint()};
   for (const v1::KvEndpoint& e : target.alternatives()) endpoints.push_back(&e);
@@ -176,11 +177,19 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         !e->address().empty()) {
       device = e;
     }
+    // NCCL refuses two ranks on one device: only across devices.
+    if (nccl == nullptr && options_.make_nccl_sink &&
+        e->transport() == v1::KV_TRANSPORT_NCCL &&
+        !options_.kv_device.empty() && !e->device().empty() &&
+        e->device() != options_.kv_device && !e->address().empty()) {
+      nccl = e;
+    }
     if (tcp == nullptr && (e->transport() == v1::KV_TRANSPORT_HOST_TCP ||
                            e->transport() == v1::KV_TRANSPORT_UNSPECIFIED)) {
       tcp = e;
     }
   }
+  if (device == nullptr && nccl != nullptr) device = nccl;
   if (device == nullptr && tcp == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         "kv_target.endpoint.transport: ",
@@ -202,7 +211,18 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
   PrefillOptions prefill_options;
-  if (device != nullptr) {
+  if (device != nullptr && device->transport() == v1::KV_TRANSPORT_NCCL) {
+    v1::PairKvRequest pair;
+    pair.set_request_id(id);
+    pair.set_transfer_id(target.transfer_id());
+    {
+      absl::MutexLock lock(&mu_);
+      *pair.mutable_prefill_worker() = ref_;
+    }
+    prefill_options.make_sink =
+        options_.make_nccl_sink(device->address(), pair, options_.model_id);
+    prefill_options.sink_reads_device_pool = true;
+  } else if (device != nullptr) {
     prefill_options.make_sink = options_.make_device_sink(
         device->address(), transfer_id, options_.model_id);
     prefill_options.sink_reads_device_pool = true;

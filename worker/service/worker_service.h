@@ -76,6 +76,23 @@ struct WorkerServiceOptions {
   std::function<KvSinkFactory(const std::string& address, uint64_t transfer_id,
                               const std::string& model_id)>
       make_device_sink;
+  // NCCL, between GPU workers on different devices (or nodes). Decode
+  // side: expects transfer `transfer_id` on the pair (request.
+  // prefill_worker, `decode_worker_id`) and returns the pair's handshake
+  // (PairKv; see NcclPairing). ReserveKv then offers KV_TRANSPORT_NCCL with
+  // this worker's address and kv_device. Null: NCCL is not offered.
+  std::function<absl::StatusOr<v1::NcclHandshake>(
+      const v1::PairKvRequest& request, uint64_t transfer_id,
+      const std::string& decode_worker_id)>
+      expect_nccl;
+  // Prefill side: the sink for an NCCL endpoint on another device, which
+  // calls PairKv(`pair`) on the decode worker at `decode_address` when the
+  // handoff starts and sends from the engine's device pool. Null: NCCL
+  // endpoints are passed over.
+  std::function<KvSinkFactory(const std::string& decode_address,
+                              const v1::PairKvRequest& pair,
+                              const std::string& model_id)>
+      make_nccl_sink;
 };
 
 class DecodeStream;
@@ -120,6 +137,9 @@ class WorkerService final : public v1::Worker::CallbackService {
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context,
       const v1::PrefillRequest* request) override;
+  grpc::ServerUnaryReactor* PairKv(grpc::CallbackServerContext* context,
+                                   const v1::PairKvRequest* request,
+                                   v1::PairKvResponse* response) override;
   grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
                                       const v1::ReserveKvRequest* request,
                                       v1::ReserveKvResponse* response) override;

@@ -114,7 +114,54 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     device->set_address(device_receiver_->endpoint());
     device->set_device(options_.kv_device);
   }
+  if (options_.expect_nccl && !options_.kv_device.empty()) {
+    v1::KvEndpoint* nccl = response->add_alternatives();
+    nccl->set_transport(v1::KV_TRANSPORT_NCCL);
+    absl::MutexLock lock(&mu_);
+    nccl->set_address(ref_.address());
+    nccl->set_device(options_.kv_device);
+  }
   response->set_blocks_reserved(reservation->num_blocks);
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerService::PairKv(
+    grpc::CallbackServerContext* context, const v1::PairKvRequest* request,
+    v1::PairKvResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  if (!options_.expect_nccl) {
+    return FinishUnary(context, absl::UnimplementedError(
+                                    "PairKv: this worker receives no KV over "
+                                    "NCCL"));
+  }
+  uint64_t transfer_id = 0;
+  if (!absl::SimpleAtoi(request->transfer_id(), &transfer_id)) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "transfer_id: '", request->transfer_id(),
+                                    "' is not a transfer id from ReserveKv")));
+  }
+  if (request->prefill_worker().worker_id().empty() &&
+      request->prefill_worker().address().empty()) {
+    return FinishUnary(context, absl::InvalidArgumentError(
+                                    "prefill_worker: worker_id or address "
+                                    "required"));
+  }
+  std::string decode_id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(request->request_id());
+    if (it == imports_.end() || it->second.transfer_id != transfer_id) {
+      return FinishUnary(
+          context, absl::NotFoundError(absl::StrCat(
+                       "PairKv: no KV reservation '", request->transfer_id(),
+                       "' for request '", request->request_id(), "'")));
+    }
+    decode_id = !ref_.worker_id().empty() ? ref_.worker_id() : ref_.address();
+  }
+  absl::StatusOr<v1::NcclHandshake> handshake =
+      options_.expect_nccl(*request, transfer_id, decode_id);
+  if (!handshake.ok()) return FinishUnary(context, handshake.status());
+  *response->mutable_nccl() = std::move(*handshake);
   return FinishUnary(context, absl::OkStatus());
 }
 

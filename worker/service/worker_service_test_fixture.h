@@ -43,6 +43,7 @@ struct TestWorker {
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<v1::Worker::Stub> stub;
+  std::string address;  // of the gRPC server
 
   ~TestWorker() {
     if (server != nullptr) {
@@ -116,9 +117,10 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     worker->server = builder.BuildAndStart();
     EXPECT_NE(worker->server, nullptr);
     EXPECT_GT(port, 0);
-    worker->stub = v1::Worker::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                            grpc::InsecureChannelCredentials()));
+    worker->address = "127.0.0.1:" + std::to_string(port);
+    worker->service->SetWorkerRef("", worker->address);
+    worker->stub = v1::Worker::NewStub(grpc::CreateChannel(
+        worker->address, grpc::InsecureChannelCredentials()));
     return worker;
   }
 

@@ -87,6 +87,11 @@ absl::Status NcclPairComm::health() const {
   return status_;
 }
 
+absl::Status NcclPairComm::failure() const {
+  absl::MutexLock lock(&state_mu_);
+  return aborted_ ? status_ : absl::OkStatus();
+}
+
 void NcclPairComm::AbortLocked(absl::Status reason) {
   if (aborted_) return;
   aborted_ = true;
@@ -344,6 +349,17 @@ void NcclCommPool::Release(absl::string_view comm_key) {
 int NcclCommPool::num_pairs() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(pairs_.size());
+}
+
+absl::Status NcclCommPool::PairFailure(absl::string_view comm_key) const {
+  std::shared_ptr<NcclPairComm> pair;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pairs_.find(comm_key);
+    if (it == pairs_.end()) return absl::OkStatus();
+    pair = it->second;
+  }
+  return pair->failure();
 }
 
 absl::StatusOr<uint64_t> NcclCommPool::generation(

@@ -169,6 +169,9 @@ class NcclPairComm {
 
   // OK while usable; otherwise the reason it was aborted or failed.
   absl::Status health() const;
+  // The reason it was aborted or failed; OK before the join and while
+  // usable.
+  absl::Status failure() const;
 
   // Enqueues a copy / a group of p2p ops with the peer on the pair's stream.
   // The pair's health if it is unusable; an enqueue error aborts the pair.
@@ -257,6 +260,10 @@ class NcclCommPool {
   void Release(absl::string_view comm_key);
 
   int num_pairs() const;
+  // Why the pair's pooled communicator was aborted or failed; OK if it has
+  // not (joining, usable) or there is none. A decode worker hands out a
+  // new generation for a pair whose communicator failed.
+  absl::Status PairFailure(absl::string_view comm_key) const;
   // The pooled generation of `comm_key`, NotFound if none.
   absl::StatusOr<uint64_t> generation(absl::string_view comm_key) const;
 

@@ -100,6 +100,36 @@ absl::Status NcclKvSender::SendLayer(const KvTransferHeader& header,
   return SendLayerOps(header, ops);
 }
 
+absl::Status NcclKvSender::SendLayerChunks(
+    const KvTransferHeader& header,
+    std::span<const std::span<const uint8_t>> chunks, KvReadGate* gate) {
+  if (!error_.ok()) return error_;
+  BATON_RETURN_IF_ERROR(CheckHeader(header));
+  const uint64_t chunk = header.layout.chunk_bytes();
+  std::vector<NcclApi::P2pOp> ops(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].size() != chunk) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NCCL KV layer ", header.layer, ": chunk ", i, " has ",
+                       chunks[i].size(), " bytes, not chunk_bytes ", chunk));
+    }
+    ops[i] = {NcclApi::P2pOp::Kind::kSend,
+              const_cast<uint8_t*>(chunks[i].data()), chunk};
+  }
+  if (header.payload_bytes != chunks.size() * chunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NCCL KV layer ", header.layer, ": ", chunks.size(),
+        " chunks but header payload_bytes ", header.payload_bytes));
+  }
+  if (gate != nullptr && !gate->Enter()) {
+    return Fail(absl::CancelledError(absl::StrCat(
+        "KV transfer ", transfer_id_, ": the pool's blocks were revoked")));
+  }
+  absl::Status status = SendLayerOps(header, ops);
+  if (gate != nullptr) gate->Exit();
+  return status;
+}
+
 absl::Status NcclKvSender::SendLayerFromPool(
     const KvTransferHeader& header, const KvDeviceLayerSource& source) {
   if (!error_.ok()) return error_;

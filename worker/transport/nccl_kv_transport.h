@@ -115,6 +115,12 @@ class NcclKvSender : public KvSender {
   // header.checksum is not checked.
   absl::Status SendLayer(const KvTransferHeader& header,
                          std::span<const uint8_t> payload) override;
+  // As SendLayerFromPool: each chunk a DEVICE address of chunk_bytes()
+  // bytes (e.g. DevicePoolChunks), sent in place; `gate` (optional) is
+  // held across the exchange, which fails with Cancelled if it is revoked.
+  absl::Status SendLayerChunks(const KvTransferHeader& header,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate* gate) override;
   // As SendLayer, reading the blocks straight from a paged device pool.
   absl::Status SendLayerFromPool(const KvTransferHeader& header,
                                  const KvDeviceLayerSource& source);

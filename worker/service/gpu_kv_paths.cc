@@ -1,0 +1,71 @@
+#include "worker/service/gpu_kv_paths.h"
+
+#include <utility>
+
+#include "common/status_macros.h"
+#include "worker/cuda/cuda_engine_runner.h"
+#include "worker/engine/cuda_ipc_handoff.h"
+
+namespace baton {
+
+absl::StatusOr<std::unique_ptr<GpuKvPaths>> GpuKvPaths::Create(
+    Engine* engine, int device, const std::string& kv_host, v1::WorkerRole role,
+    WorkerServiceOptions* options) {
+  std::unique_ptr<GpuKvPaths> paths(new GpuKvPaths());
+  BATON_ASSIGN_OR_RETURN(options->kv_device, CudaDeviceIdentity(device));
+
+  // CUDA IPC: workers on this GPU (the sender picks it by kv_device).
+  paths->ipc_api_ = CreateCudaIpcApi();
+  BATON_ASSIGN_OR_RETURN(
+      paths->ipc_mappings_,
+      CudaIpcPeerMappings::Create(paths->ipc_api_.get(), device));
+  CudaIpcKvReceiverOptions ipc_options;
+  ipc_options.host = kv_host;
+  ipc_options.device = device;
+  options->start_device_receiver =
+      [api = paths->ipc_api_.get(),
+       ipc_options](Engine* e) -> absl::StatusOr<std::unique_ptr<KvReceiver>> {
+    BATON_ASSIGN_OR_RETURN(
+        std::unique_ptr<CudaIpcKvReceiver> receiver,
+        CudaIpcKvReceiver::Start(api, ipc_options, CudaIpcImportCallbacks(e)));
+    return std::unique_ptr<KvReceiver>(std::move(receiver));
+  };
+  options->make_device_sink = [mappings = paths->ipc_mappings_.get()](
+                                  const std::string& address,
+                                  uint64_t transfer_id,
+                                  const std::string& model_id) {
+    return CudaIpcKvSinkFactory(mappings, address, transfer_id, model_id);
+  };
+
+  // NCCL: workers on other GPUs, paired through PairKv.
+  paths->nccl_api_ = CreateCudaNcclApi();
+  BATON_ASSIGN_OR_RETURN(paths->nccl_pool_,
+                         NcclCommPool::Create(paths->nccl_api_.get()));
+  if (role != v1::WORKER_ROLE_PREFILL) {
+    BATON_ASSIGN_OR_RETURN(paths->nccl_receiver_,
+                           NcclKvReceiver::Create(paths->nccl_pool_.get(), {},
+                                                  NcclImportCallbacks(engine)));
+    paths->nccl_pairing_ = std::make_unique<NcclPairing>(
+        paths->nccl_pool_.get(), paths->nccl_receiver_.get(), device);
+    options->expect_nccl = [pairing = paths->nccl_pairing_.get()](
+                               const v1::PairKvRequest& request,
+                               uint64_t transfer_id,
+                               const std::string& decode_id) {
+      return pairing->Expect(request, transfer_id, decode_id);
+    };
+  }
+  options->make_nccl_sink = [pool = paths->nccl_pool_.get(), device](
+                                const std::string& address,
+                                const v1::PairKvRequest& pair,
+                                const std::string& model_id) {
+    return NcclKvSinkFactory(pool, device, address, pair, model_id);
+  };
+  return paths;
+}
+
+void GpuKvPaths::StopReceiving() {
+  nccl_pairing_.reset();
+  nccl_receiver_.reset();
+}
+
+}  // namespace baton
