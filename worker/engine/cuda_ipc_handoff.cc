@@ -11,13 +11,8 @@ CudaIpcKvReceiverCallbacks CudaIpcImportCallbacks(Engine* engine) {
   CudaIpcKvReceiverCallbacks callbacks;
   callbacks.lookup =
       [engine](uint64_t transfer_id) -> absl::StatusOr<CudaIpcKvTarget> {
-    if (engine->device_kv_pool() == nullptr) {
-      return absl::FailedPreconditionError(
-          "this worker's KV pool is not in device memory; send over HOST_TCP");
-    }
-    BATON_ASSIGN_OR_RETURN(
-        KvTransferTarget target,
-        engine->ImportTarget(transfer_id, /*lands_on_device=*/true));
+    BATON_ASSIGN_OR_RETURN(KvTransferTarget target,
+                           engine->DeviceImportTarget(transfer_id));
     return CudaIpcKvTarget{std::move(target), engine->device_kv_pool()};
   };
   callbacks.on_done = [engine](uint64_t transfer_id, absl::Status status) {

@@ -154,6 +154,10 @@ class Engine {
   // cache, so the import is not copied in before decoding.
   absl::StatusOr<KvTransferTarget> ImportTarget(uint64_t transfer_id,
                                                 bool lands_on_device = false);
+  // ImportTarget(transfer_id, true) for a device-direct receiver, which
+  // writes at device_kv_pool(); FailedPrecondition when the runner keeps no
+  // device pool (the sender should use HOST_TCP).
+  absl::StatusOr<KvTransferTarget> DeviceImportTarget(uint64_t transfer_id);
   // KvReceiverCallbacks::on_done: OK marks the import landed; an error frees
   // the reservation (StartImportedDecode then returns that error).
   void ImportDone(uint64_t transfer_id, absl::Status status);

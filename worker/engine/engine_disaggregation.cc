@@ -190,6 +190,15 @@ absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id,
   return target;
 }
 
+absl::StatusOr<KvTransferTarget> Engine::DeviceImportTarget(
+    uint64_t transfer_id) {
+  if (device_kv_pool() == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker's KV pool is not in device memory; send over HOST_TCP");
+  }
+  return ImportTarget(transfer_id, /*lands_on_device=*/true);
+}
+
 void Engine::ImportDone(uint64_t transfer_id, absl::Status status) {
   std::function<void(absl::Status)> on_landed;
   {

@@ -51,53 +51,6 @@ class WorkerServiceDeviceTest : public WorkerServiceTest {
         });
   }
 
-  // ReserveKv on `decode`, Prefill on `prefill` with every endpoint the
-  // reservation offered, Decode on `decode`; the whole token stream.
-  std::vector<int32_t> Split(TestWorker& prefill, TestWorker& decode,
-                             const std::string& id,
-                             const std::vector<int32_t>& prompt,
-                             v1::ReserveKvResponse* reserved) {
-    v1::ReserveKvRequest reserve;
-    reserve.set_request_id(id);
-    reserve.set_model_id("smollm2");
-    reserve.set_num_prompt_tokens(static_cast<int32_t>(prompt.size()));
-    reserve.set_max_tokens(kMaxTokens);
-    auto context = Context();
-    const grpc::Status status =
-        decode.stub->ReserveKv(context.get(), reserve, reserved);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    v1::PrefillRequest request;
-    request.set_request_id(id);
-    request.set_model_id("smollm2");
-    request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-    *request.mutable_sampling() = Greedy();
-    *request.mutable_kv_target()->mutable_endpoint() = reserved->endpoint();
-    *request.mutable_kv_target()->mutable_alternatives() =
-        reserved->alternatives();
-    request.mutable_kv_target()->set_transfer_id(reserved->transfer_id());
-    int32_t first = -1;
-    bool handoff = false;
-    const grpc::Status prefilled =
-        RunPrefill(prefill, request, &first, &handoff);
-    EXPECT_TRUE(prefilled.ok()) << prefilled.error_message();
-    EXPECT_TRUE(handoff);
-    v1::DecodeRequest decode_request;
-    decode_request.set_request_id(id);
-    decode_request.set_transfer_id(reserved->transfer_id());
-    decode_request.mutable_prompt_token_ids()->Add(prompt.begin(),
-                                                   prompt.end());
-    *decode_request.mutable_sampling() = Greedy();
-    decode_request.add_generated_token_ids(first);
-    Generated rest;
-    v1::DecodeResult result;
-    const grpc::Status decoded =
-        RunDecode(decode, decode_request, &rest, &result);
-    EXPECT_TRUE(decoded.ok()) << decoded.error_message();
-    std::vector<int32_t> tokens = {first};
-    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
-    return tokens;
-  }
-
   void SetUp() override {
     auto mappings = CudaIpcPeerMappings::Create(&api_, 0);
     ASSERT_TRUE(mappings.ok()) << mappings.status();

@@ -71,48 +71,6 @@ class WorkerServiceNcclTest : public WorkerServiceTest {
         std::make_unique<NcclPairing>(decode_pool_.get(), receiver_.get(), 1);
   }
 
-  // ReserveKv, Prefill with every offered endpoint, Decode: all tokens.
-  std::vector<int32_t> Split(const std::string& id,
-                             const std::vector<int32_t>& prompt,
-                             v1::ReserveKvResponse* reserved) {
-    v1::ReserveKvRequest reserve;
-    reserve.set_request_id(id);
-    reserve.set_num_prompt_tokens(static_cast<int32_t>(prompt.size()));
-    reserve.set_max_tokens(kMaxTokens);
-    auto context = Context();
-    const grpc::Status status =
-        decode_->stub->ReserveKv(context.get(), reserve, reserved);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    v1::PrefillRequest request;
-    request.set_request_id(id);
-    request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-    *request.mutable_sampling() = Greedy();
-    *request.mutable_kv_target()->mutable_endpoint() = reserved->endpoint();
-    *request.mutable_kv_target()->mutable_alternatives() =
-        reserved->alternatives();
-    request.mutable_kv_target()->set_transfer_id(reserved->transfer_id());
-    int32_t first = -1;
-    bool handoff = false;
-    const grpc::Status prefilled =
-        RunPrefill(*prefill_, request, &first, &handoff);
-    EXPECT_TRUE(prefilled.ok()) << prefilled.error_message();
-    v1::DecodeRequest decode_request;
-    decode_request.set_request_id(id);
-    decode_request.set_transfer_id(reserved->transfer_id());
-    decode_request.mutable_prompt_token_ids()->Add(prompt.begin(),
-                                                   prompt.end());
-    *decode_request.mutable_sampling() = Greedy();
-    decode_request.add_generated_token_ids(first);
-    Generated rest;
-    v1::DecodeResult result;
-    const grpc::Status decoded =
-        RunDecode(*decode_, decode_request, &rest, &result);
-    EXPECT_TRUE(decoded.ok()) << decoded.error_message();
-    std::vector<int32_t> tokens = {first};
-    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
-    return tokens;
-  }
-
   LoopbackNcclApi api_;
   std::unique_ptr<NcclCommPool> prefill_pool_, decode_pool_;
   std::shared_ptr<ShadowRunnerControl> prefill_device_ =
@@ -129,7 +87,7 @@ TEST_F(WorkerServiceNcclTest, OtherDeviceSendsOverNcclAndReusesThePair) {
   const std::vector<int32_t> prompt = Prompt("Name three colors.");
   const std::vector<int32_t> expected = Reference(prompt).tokens;
   v1::ReserveKvResponse reserved;
-  EXPECT_EQ(Split("nccl-1", prompt, &reserved), expected);
+  EXPECT_EQ(Split(*prefill_, *decode_, "nccl-1", prompt, &reserved), expected);
   ASSERT_EQ(reserved.alternatives_size(), 1);
   EXPECT_EQ(reserved.alternatives(0).transport(), v1::KV_TRANSPORT_NCCL);
   EXPECT_EQ(reserved.alternatives(0).device(), "host/gpu-1");
@@ -142,7 +100,7 @@ TEST_F(WorkerServiceNcclTest, OtherDeviceSendsOverNcclAndReusesThePair) {
   ASSERT_TRUE(generation.ok()) << generation.status();
   EXPECT_EQ(*generation, 1u);
   // A second request reuses the pair's communicator.
-  EXPECT_EQ(Split("nccl-2", prompt, &reserved), expected);
+  EXPECT_EQ(Split(*prefill_, *decode_, "nccl-2", prompt, &reserved), expected);
   EXPECT_EQ(*decode_pool_->generation(key), 1u);
   EXPECT_EQ(decode_pool_->num_pairs(), 1);
   const v1::WorkerLoad p = prefill_->WaitAllFree();
@@ -156,12 +114,12 @@ TEST_F(WorkerServiceNcclTest, AbortedPairGetsANewGeneration) {
   const std::vector<int32_t> prompt = Prompt("Name three colors.");
   const std::vector<int32_t> expected = Reference(prompt).tokens;
   v1::ReserveKvResponse reserved;
-  EXPECT_EQ(Split("a", prompt, &reserved), expected);
+  EXPECT_EQ(Split(*prefill_, *decode_, "a", prompt, &reserved), expected);
   const std::string key = prefill_->address + "/" + decode_->address;
   // A stalled peer or timeout aborts the pair on both sides.
   decode_pool_->Abort(key, absl::DeadlineExceededError("peer stalled"));
   prefill_pool_->Abort(key, absl::DeadlineExceededError("peer stalled"));
-  EXPECT_EQ(Split("b", prompt, &reserved), expected);
+  EXPECT_EQ(Split(*prefill_, *decode_, "b", prompt, &reserved), expected);
   EXPECT_EQ(*decode_pool_->generation(key), 2u);
 }
 
