@@ -57,57 +57,54 @@ class WorkerServiceDeviceTest : public WorkerServiceTest {
     mappings_ = std::move(*mappings);
   }
 
+  // A prefill worker on `prefill_gpu`, a decode worker on `decode_gpu`, one
+  // request split across them: the tokens of the in-process engine, and
+  // every block free afterwards on both.
+  void RunSplit(const std::string& prefill_gpu, const std::string& decode_gpu) {
+    prefill_ = StartDeviceWorker(v1::WORKER_ROLE_PREFILL, prefill_gpu,
+                                 prefill_device_);
+    decode_ =
+        StartDeviceWorker(v1::WORKER_ROLE_DECODE, decode_gpu, decode_device_);
+    ASSERT_NE(prefill_, nullptr);
+    ASSERT_NE(decode_, nullptr);
+    const std::vector<int32_t> prompt = Prompt("Name three colors.");
+    EXPECT_EQ(Split(*prefill_, *decode_, "split", prompt, &reserved_),
+              Reference(prompt).tokens);
+    for (TestWorker* w : {prefill_.get(), decode_.get()}) {
+      const v1::WorkerLoad load = w->WaitAllFree();
+      EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+    }
+  }
+
   FakeCudaIpcApi api_;
   std::unique_ptr<CudaIpcPeerMappings> mappings_;
+  std::shared_ptr<ShadowRunnerControl> prefill_device_ =
+      std::make_shared<ShadowRunnerControl>();
+  std::shared_ptr<ShadowRunnerControl> decode_device_ =
+      std::make_shared<ShadowRunnerControl>();
+  std::unique_ptr<TestWorker> prefill_, decode_;
+  v1::ReserveKvResponse reserved_;
 };
 
 TEST_F(WorkerServiceDeviceTest, SameDeviceSendsDeviceToDevice) {
-  auto prefill_device = std::make_shared<ShadowRunnerControl>();
-  auto decode_device = std::make_shared<ShadowRunnerControl>();
-  auto prefill =
-      StartDeviceWorker(v1::WORKER_ROLE_PREFILL, "host/gpu-0", prefill_device);
-  auto decode =
-      StartDeviceWorker(v1::WORKER_ROLE_DECODE, "host/gpu-0", decode_device);
-  ASSERT_NE(prefill, nullptr);
-  ASSERT_NE(decode, nullptr);
-  const std::vector<int32_t> prompt = Prompt("Name three colors.");
-  v1::ReserveKvResponse reserved;
-  EXPECT_EQ(Split(*prefill, *decode, "gpu-split", prompt, &reserved),
-            Reference(prompt).tokens);
-  EXPECT_EQ(reserved.endpoint().transport(), v1::KV_TRANSPORT_HOST_TCP);
-  ASSERT_EQ(reserved.alternatives_size(), 1);
-  EXPECT_EQ(reserved.alternatives(0).transport(), v1::KV_TRANSPORT_CUDA_IPC);
-  EXPECT_EQ(reserved.alternatives(0).device(), "host/gpu-0");
-  EXPECT_EQ(reserved.alternatives(0).address(),
-            decode->service->device_kv_endpoint());
+  RunSplit("host/gpu-0", "host/gpu-0");
+  EXPECT_EQ(reserved_.endpoint().transport(), v1::KV_TRANSPORT_HOST_TCP);
+  ASSERT_EQ(reserved_.alternatives_size(), 1);
+  EXPECT_EQ(reserved_.alternatives(0).transport(), v1::KV_TRANSPORT_CUDA_IPC);
+  EXPECT_EQ(reserved_.alternatives(0).device(), "host/gpu-0");
+  EXPECT_EQ(reserved_.alternatives(0).address(),
+            decode_->service->device_kv_endpoint());
   EXPECT_GT(api_.bytes_copied(), 0u);
-  EXPECT_EQ(prefill_device->table_layers_copied_to_host, 0);
-  EXPECT_EQ(decode_device->tables_copied_to_device, 0);
-  const v1::WorkerLoad p = prefill->WaitAllFree();
-  const v1::WorkerLoad d = decode->WaitAllFree();
-  EXPECT_EQ(p.kv_blocks_free(), p.kv_blocks_total());
-  EXPECT_EQ(d.kv_blocks_free(), d.kv_blocks_total());
+  EXPECT_EQ(prefill_device_->table_layers_copied_to_host, 0);
+  EXPECT_EQ(decode_device_->tables_copied_to_device, 0);
 }
 
 TEST_F(WorkerServiceDeviceTest, OtherDeviceFallsBackToStagedTcp) {
-  auto prefill_device = std::make_shared<ShadowRunnerControl>();
-  auto decode_device = std::make_shared<ShadowRunnerControl>();
-  auto prefill =
-      StartDeviceWorker(v1::WORKER_ROLE_PREFILL, "host/gpu-1", prefill_device);
-  auto decode =
-      StartDeviceWorker(v1::WORKER_ROLE_DECODE, "host/gpu-0", decode_device);
-  ASSERT_NE(prefill, nullptr);
-  ASSERT_NE(decode, nullptr);
-  const std::vector<int32_t> prompt = Prompt("Name three colors.");
-  v1::ReserveKvResponse reserved;
-  EXPECT_EQ(Split(*prefill, *decode, "tcp-split", prompt, &reserved),
-            Reference(prompt).tokens);
+  RunSplit("host/gpu-1", "host/gpu-0");
   EXPECT_EQ(api_.bytes_copied(), 0u);
-  EXPECT_EQ(prefill_device->table_layers_copied_to_host,
+  EXPECT_EQ(prefill_device_->table_layers_copied_to_host,
             weights_->config().num_layers);
-  EXPECT_EQ(decode_device->tables_copied_to_device, 1);
-  const v1::WorkerLoad d = decode->WaitAllFree();
-  EXPECT_EQ(d.kv_blocks_free(), d.kv_blocks_total());
+  EXPECT_EQ(decode_device_->tables_copied_to_device, 1);
 }
 
 }  // namespace
