@@ -2,17 +2,16 @@
 // standard health check and lists its services through server reflection;
 // `baton status` and GetClusterStatus report the workers' roles and pools.
 #include <grpcpp/grpcpp.h>
-
 #include <sys/wait.h>
 
 #include <filesystem>
 #include <set>
 #include <string>
 
+#include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
-#include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/local_cluster.h"
 
@@ -109,10 +108,10 @@ TEST(ClusterServicesTest, ClusterStatusListsRolesAndPools) {
 // model; -1 if it is still running after 60 s (it then serves, which a
 // refused device must not).
 int WorkerExitStatus(const std::string& device) {
-  auto child = ChildProcess::Start(
-      {BinaryDir() + "/baton-worker", "--device=" + device,
-       "--model=" + DefaultModelPath(), "--listen=127.0.0.1:0",
-       "--kv_listen=127.0.0.1:0"});
+  auto child =
+      ChildProcess::Start({BinaryDir() + "/baton-worker", "--device=" + device,
+                           "--model=" + DefaultModelPath(),
+                           "--listen=127.0.0.1:0", "--kv_listen=127.0.0.1:0"});
   EXPECT_TRUE(child.ok()) << child.status();
   if (!child.ok()) return -1;
   auto status = (*child)->Wait(absl::Seconds(60));

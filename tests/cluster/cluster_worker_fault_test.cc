@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/cluster_fault_util.h"
 #include "tests/cluster/cluster_test_util.h"
@@ -204,6 +205,52 @@ TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);
+}
+
+// A device fault inside a step (--fault_after_steps, after the warm-up's
+// two steps): the request in that step fails naming the fault, the worker
+// turns its health service NOT_SERVING and deregisters, and the
+// coordinator has no worker left for the next request.
+TEST(ClusterWorkerFaultTest, DeviceFaultTakesTheWorkerOutOfService) {
+  LocalClusterOptions options;
+  options.prefill = 0;
+  options.decode = 0;
+  options.both = 1;
+  options.worker_flags = {"--fault_after_steps=3"};
+  auto cluster = StartOrDie(options);
+  ASSERT_NE(cluster, nullptr);
+  const StreamResult failed =
+      RunGenerate(cluster->baton(), ChatRequest("Hi", 8, 0.0, 1));
+  const std::string error = failed.status.ok() ? failed.result.error_message()
+                                               : failed.status.error_message();
+  EXPECT_TRUE(!failed.status.ok() ||
+              failed.result.finish_reason() == v1::FINISH_REASON_ERROR);
+  EXPECT_THAT(error, HasSubstr("injected device fault"));
+
+  auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+      cluster->workers()[0].address, grpc::InsecureChannelCredentials()));
+  bool not_serving = false;
+  bool down = false;
+  for (int i = 0; i < 500 && !(not_serving && down); ++i) {
+    grpc::ClientContext health_context;
+    grpc::health::v1::HealthCheckResponse response;
+    not_serving =
+        health->Check(&health_context, {}, &response).ok() &&
+        response.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+    v1::GetClusterStatusResponse status;
+    grpc::ClientContext status_context;
+    down = cluster->baton().GetClusterStatus(&status_context, {}, &status).ok();
+    for (const v1::WorkerStatus& w : status.workers()) {
+      down = down && w.health() != v1::WORKER_HEALTH_HEALTHY;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(not_serving) << "the worker's health service still serves";
+  EXPECT_TRUE(down) << "the coordinator still routes to the faulted worker";
+  const StreamResult refused =
+      RunGenerate(cluster->baton(), ChatRequest("Hi", 8, 0.0, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.status.error_message();
 }
 
 }  // namespace

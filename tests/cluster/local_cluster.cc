@@ -76,12 +76,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const int64_t mib = roles[i] != "prefill" && options.decode_kv_cache_mib > 0
                             ? options.decode_kv_cache_mib
                             : options.kv_cache_mib;
-    auto child = ChildProcess::Start(
-        {BinaryDir() + "/baton-worker", "--role=" + roles[i],
-         "--listen=127.0.0.1:0", "--kv_listen=127.0.0.1:0", "--model=" + model,
-         absl::StrCat("--threads=", options.threads),
-         absl::StrCat("--kv_cache_mib=", mib),
-         "--coordinator=" + cluster->address_});
+    std::vector<std::string> argv = {
+        BinaryDir() + "/baton-worker",
+        "--role=" + roles[i],
+        "--listen=127.0.0.1:0",
+        "--kv_listen=127.0.0.1:0",
+        "--model=" + model,
+        absl::StrCat("--threads=", options.threads),
+        absl::StrCat("--kv_cache_mib=", mib),
+        "--coordinator=" + cluster->address_};
+    argv.insert(argv.end(), options.worker_flags.begin(),
+                options.worker_flags.end());
+    auto child = ChildProcess::Start(argv);
     if (!child.ok()) return child.status();
     spawned.push_back(std::move(*child));
   }

@@ -30,6 +30,8 @@ struct LocalClusterOptions {
   int lease_ttl_ms = 1000;
   // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
   std::vector<std::string> coordinator_flags;
+  // Extra flags of every worker, e.g. "--fault_after_steps=3".
+  std::vector<std::string> worker_flags;
   // Serve the OpenAI-compatible HTTP API too (--http_listen=127.0.0.1:0);
   // its address is http_address().
   bool http = false;

@@ -33,6 +33,7 @@
 #include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/fault_injecting_runner.h"
 #include "worker/service/device_flag.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
@@ -59,6 +60,10 @@ ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
 ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
           "a KV reservation (ReserveKv) whose transfer has not started after "
           "this long is freed, unless the request sets its own TTL");
+ABSL_FLAG(int64_t, fault_after_steps, 0,
+          "fault injection for tests: the engine's runner fails every step "
+          "from this one on (the warm-up's steps count), as after a device "
+          "fault; 0: off");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator; empty: run standalone");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -338,6 +343,11 @@ int Main() {
     engine_options.make_runner = MakeCudaRunnerFactory(cuda);
   }
 #endif
+  if (absl::GetFlag(FLAGS_fault_after_steps) > 0) {
+    engine_options.make_runner =
+        FaultInjectingRunnerFactory(std::move(engine_options.make_runner),
+                                    absl::GetFlag(FLAGS_fault_after_steps));
+  }
   auto engine = Engine::Create(engine_options, bundle->weights.get(),
                                bundle->tokenizer.get());
   if (!engine.ok()) {
