@@ -32,8 +32,10 @@ TESTS=(kernels/cuda/cuda_elementwise_test kernels/cuda/cuda_paged_attention_test
   worker/transport/cuda_ipc_kv_gpu_test
   worker/transport/nccl_self_send_test worker/transport/nccl_kv_transport_test)
 BENCHES=(bin/cuda_forward_bench)
-# Started by cuda_ipc_kv_gpu_test as the receiving process.
-HELPERS=(worker/transport/cuda_ipc_kv_probe)
+# Started by cuda_ipc_kv_gpu_test as the receiving process; the cluster
+# binaries for the 1P1D smoke run (CPU workers, then GPU workers).
+HELPERS=(worker/transport/cuda_ipc_kv_probe bin/baton-coordinator
+  bin/baton-worker bin/baton)
 
 pack() {
   local build="${BATON_GPU_BUILD:-$ROOT/build-gpu}"
@@ -60,6 +62,9 @@ pack() {
     esac
   done
   cp scripts/gpu_check.sh "$BUNDLE/"
+  # Compressed, the binaries and libraries leave room for the model's second
+  # part in the same call.
+  tar -C "$BUNDLE" -czf "$BUNDLE/bundle.tgz" bin lib && rm -rf "$BUNDLE/bin" "$BUNDLE/lib"
   local model="${BATON_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
   if [[ -f "$model" ]]; then
     # 56 MiB + the ~6 MB tree fits one call; the rest rides with the bundle.
@@ -82,9 +87,40 @@ cuda_lib_path() {
   echo "${dirs[*]}"
 }
 
+# A local 1P1D cluster (scripts/local_cluster.sh) answering one greedy
+# prompt, with CPU workers and then with both workers on GPU 0 (KV over CUDA
+# IPC); the answers and the logs go to $out/cluster-*.
+cluster_smoke() {  # out loader libpath model
+  local out="$1" loader="$2" libpath="$3" model="$4"
+  local wrap="$STASH/wrap"
+  mkdir -p "$wrap"
+  for b in baton-coordinator baton-worker baton; do
+    printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$loader" \
+      "$libpath" "$BUNDLE/bin/$b" >"$wrap/$b"
+    chmod +x "$wrap/$b"
+  done
+  for dev in cpu cuda:0; do
+    local tag="cluster-${dev/:/}"
+    echo "== 1P1D cluster, --device=$dev"
+    timeout 180 "$ROOT/scripts/local_cluster.sh" 1P1D --no-build --bin="$wrap" \
+      --device="$dev" --model="$model" --logs="$out/$tag" -- sh -c \
+      '"$0" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=24' \
+      "$wrap/baton" "What is the capital of France?" >"$out/$tag.txt" \
+      2>"$out/$tag.log"
+    echo "   exit $?"
+    tail -3 "$out/$tag.log" | sed 's/^/   /'
+    sed 's/^/   /' "$out/$tag.txt"
+  done
+}
+
 run_all() {
   local out="${OUT:-/tmp/gpu_check_out}"
   mkdir -p "$out" "$STASH"
+  if [[ -f "$BUNDLE/bundle.tgz" ]]; then
+    rm -rf "$STASH/bundle" && mkdir -p "$STASH/bundle"
+    tar -C "$STASH/bundle" -xzf "$BUNDLE/bundle.tgz" || return 1
+    BUNDLE="$STASH/bundle"
+  fi
   local model="$STASH/model.gguf"
   if [[ -f gpu-model-b/part-01 && -f "$STASH/part-00" ]]; then
     cat "$STASH/part-00" gpu-model-b/part-01 >"$model"
@@ -128,6 +164,7 @@ run_all() {
       >"$out/$name.log" 2>&1
     echo "   exit $?"
   done
+  [[ -f "$model" ]] && cluster_smoke "$out" "$loader" "$libpath" "$model"
   echo
   echo "---- per-kernel max error (atol/rtol = the test's tolerance) ----"
   cat "$out"/*_test.log | grep -h '^BATON_KERNEL_ERROR' |
@@ -146,6 +183,10 @@ run_all() {
   sed -n '/^case /,$p' "$out/cuda_forward_bench.log"
   grep -h -E '^(BATON_KV_GBPS|BATON_KV_COPY_GBPS)' "$out"/*.log ||
     echo "(no KV transfer figures: see the logs)"
+  echo "---- 1P1D cluster answers (greedy) ----"
+  for f in "$out"/cluster-*.txt; do
+    [[ -f "$f" ]] && printf '%s: %s\n' "$(basename "$f" .txt)" "$(grep -v '^[0-9.]*:[0-9]*$' "$f" | head -c 300 | tr '\n' ' ')"
+  done
   if ! grep -q -h '^BATON_KERNEL_ERROR' "$out"/*_test.log 2>/dev/null; then
     echo "NOTHING RAN ON A GPU: every kernel test was skipped (see $out/*.log)"
   fi

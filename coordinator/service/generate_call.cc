@@ -409,8 +409,12 @@ v1::GenerateResult GenerateCall::BaseResult() const {
     *result.mutable_prefill_worker() = ToRef(*prefill_);
     *result.mutable_decode_worker() =
         ToRef(decode_.has_value() ? *decode_ : *prefill_);
-    result.set_kv_transport(decode_.has_value() ? v1::KV_TRANSPORT_HOST_TCP
-                                                : v1::KV_TRANSPORT_LOCAL);
+    // As the prefill worker reports it (older workers: HOST_TCP).
+    result.set_kv_transport(!decode_.has_value() ? v1::KV_TRANSPORT_LOCAL
+                            : handoff_.kv_transport() !=
+                                    v1::KV_TRANSPORT_UNSPECIFIED
+                                ? handoff_.kv_transport()
+                                : v1::KV_TRANSPORT_HOST_TCP);
   }
   result.set_seed(job_.sampling.seed());
   return result;

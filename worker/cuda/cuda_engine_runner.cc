@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -28,8 +29,15 @@ absl::StatusOr<std::unique_ptr<CudaEngineRunner>> CudaEngineRunner::Create(
                  "cudaStreamCreateWithFlags (KV staging stream)"));
   // Page-locked staging makes the copies DMA; pageable memory still works
   // (slower), so a refusal (e.g. RLIMIT_MEMLOCK) is reported and tolerated.
-  const cudaError_t pinned = cudaHostRegister(
-      cache->LayerBlock(0, 0), cache->pool_bytes(), cudaHostRegisterDefault);
+  // Pinning commits the whole mirror in host RAM, so a pool beyond
+  // kMaxPinnedStagingBytes stays pageable (device-direct transports do not
+  // stage through it).
+  constexpr uint64_t kMaxPinnedStagingBytes = uint64_t{8} << 30;
+  const cudaError_t pinned =
+      cache->pool_bytes() > kMaxPinnedStagingBytes
+          ? cudaErrorMemoryAllocation
+          : cudaHostRegister(cache->LayerBlock(0, 0), cache->pool_bytes(),
+                             cudaHostRegisterDefault);
   if (pinned == cudaSuccess) {
     engine_runner->host_registered_ = true;
   } else {
@@ -123,8 +131,12 @@ absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table) {
   BATON_RETURN_IF_ERROR(health());
   absl::Status status =
       CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
+  // Only the blocks that hold the imported tokens.
+  const std::span<const int32_t> blocks =
+      table.block_ids().first(static_cast<size_t>(std::min<int64_t>(
+          table.num_blocks(), cache_->BlocksNeeded(table.num_tokens()))));
   for (int64_t l = 0; status.ok() && l < cache_->layout().num_layers; ++l) {
-    status = CopyBlocks(l, table.block_ids(), cudaMemcpyHostToDevice);
+    status = CopyBlocks(l, blocks, cudaMemcpyHostToDevice);
   }
   if (status.ok()) {
     status = CudaStatus(cudaStreamSynchronize(copy_stream_),

@@ -24,7 +24,8 @@ class GpuKvPaths {
   // for `engine` on CUDA device `device`; the CUDA IPC receiver listens on
   // `kv_host`. Decode and both roles receive, every role sends. The paths
   // must outlive the WorkerService built from *options; call
-  // StopReceiving() after the service is gone and before the engine is.
+  // StopReceiving() once the gRPC server is shut down, before the service
+  // and the engine are destroyed (its callbacks reach both).
   static absl::StatusOr<std::unique_ptr<GpuKvPaths>> Create(
       Engine* engine, int device, const std::string& kv_host,
       v1::WorkerRole role, WorkerServiceOptions* options);
@@ -32,7 +33,8 @@ class GpuKvPaths {
   GpuKvPaths(const GpuKvPaths&) = delete;
   GpuKvPaths& operator=(const GpuKvPaths&) = delete;
 
-  // Stops the NCCL receiver, whose callbacks reach into the engine.
+  // Stops the NCCL receiver, whose callbacks reach into the engine and the
+  // service.
   void StopReceiving();
 
  private:

@@ -452,10 +452,12 @@ int Main() {
   health_watch.reset();
   metrics_server.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  service->reset();
 #if BATON_WORKER_CUDA
-  if (gpu_kv != nullptr) gpu_kv->StopReceiving();  // reaches into the engine
+  // No PairKv can arrive now; the NCCL receiver's last callbacks still
+  // reach the service (on_landed) and the engine.
+  if (gpu_kv != nullptr) gpu_kv->StopReceiving();
 #endif
+  service->reset();
   engine->reset();
   return 0;
 }

@@ -211,6 +211,8 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
   PrefillOptions prefill_options;
+  const v1::KvTransport chosen =
+      device != nullptr ? device->transport() : v1::KV_TRANSPORT_HOST_TCP;
   if (device != nullptr && device->transport() == v1::KV_TRANSPORT_NCCL) {
     v1::PairKvRequest pair;
     pair.set_request_id(id);
@@ -243,8 +245,8 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   auto prefilled = std::make_shared<bool>(false);
   absl::Status status = engine_->SubmitPrefill(
       std::move(generation), std::move(prefill_options),
-      [this, reactor, id, num_layers, arrival, prompt_tokens,
-       prefilled](const PrefillOutput& out) {
+      [this, reactor, id, num_layers, arrival, prompt_tokens, prefilled,
+       chosen](const PrefillOutput& out) {
         if (!out.done) {
           if (!out.first_token.has_value()) return;
           if (!*prefilled) {
@@ -282,6 +284,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         handoff->set_kv_transfer_ms(out.handoff.transfer_s * 1e3);
         handoff->set_kv_transfer_exposed_ms(out.handoff.tail_s * 1e3);
         handoff->set_layers_sent(num_layers);
+        handoff->set_kv_transport(chosen);
         metrics_->OnKvSent(out.handoff.kv_bytes, out.handoff.transfer_s);
         metrics_->OnRequestEnded("prefill", "ok");
         reactor->Push(std::move(response));

@@ -68,8 +68,9 @@ class WorkerServiceDeviceTest : public WorkerServiceTest {
     ASSERT_NE(prefill_, nullptr);
     ASSERT_NE(decode_, nullptr);
     const std::vector<int32_t> prompt = Prompt("Name three colors.");
-    EXPECT_EQ(Split(*prefill_, *decode_, "split", prompt, &reserved_),
-              Reference(prompt).tokens);
+    EXPECT_EQ(
+        Split(*prefill_, *decode_, "split", prompt, &reserved_, &transport_),
+        Reference(prompt).tokens);
     for (TestWorker* w : {prefill_.get(), decode_.get()}) {
       const v1::WorkerLoad load = w->WaitAllFree();
       EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
@@ -84,10 +85,12 @@ class WorkerServiceDeviceTest : public WorkerServiceTest {
       std::make_shared<ShadowRunnerControl>();
   std::unique_ptr<TestWorker> prefill_, decode_;
   v1::ReserveKvResponse reserved_;
+  v1::KvTransport transport_ = v1::KV_TRANSPORT_UNSPECIFIED;  // reported
 };
 
 TEST_F(WorkerServiceDeviceTest, SameDeviceSendsDeviceToDevice) {
   RunSplit("host/gpu-0", "host/gpu-0");
+  EXPECT_EQ(transport_, v1::KV_TRANSPORT_CUDA_IPC);
   EXPECT_EQ(reserved_.endpoint().transport(), v1::KV_TRANSPORT_HOST_TCP);
   ASSERT_EQ(reserved_.alternatives_size(), 1);
   EXPECT_EQ(reserved_.alternatives(0).transport(), v1::KV_TRANSPORT_CUDA_IPC);
@@ -101,6 +104,7 @@ TEST_F(WorkerServiceDeviceTest, SameDeviceSendsDeviceToDevice) {
 
 TEST_F(WorkerServiceDeviceTest, OtherDeviceFallsBackToStagedTcp) {
   RunSplit("host/gpu-1", "host/gpu-0");
+  EXPECT_EQ(transport_, v1::KV_TRANSPORT_HOST_TCP);
   EXPECT_EQ(api_.bytes_copied(), 0u);
   EXPECT_EQ(prefill_device_->table_layers_copied_to_host,
             weights_->config().num_layers);

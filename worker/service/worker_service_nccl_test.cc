@@ -87,7 +87,10 @@ TEST_F(WorkerServiceNcclTest, OtherDeviceSendsOverNcclAndReusesThePair) {
   const std::vector<int32_t> prompt = Prompt("Name three colors.");
   const std::vector<int32_t> expected = Reference(prompt).tokens;
   v1::ReserveKvResponse reserved;
-  EXPECT_EQ(Split(*prefill_, *decode_, "nccl-1", prompt, &reserved), expected);
+  v1::KvTransport transport = v1::KV_TRANSPORT_UNSPECIFIED;
+  EXPECT_EQ(Split(*prefill_, *decode_, "nccl-1", prompt, &reserved, &transport),
+            expected);
+  EXPECT_EQ(transport, v1::KV_TRANSPORT_NCCL);
   ASSERT_EQ(reserved.alternatives_size(), 1);
   EXPECT_EQ(reserved.alternatives(0).transport(), v1::KV_TRANSPORT_NCCL);
   EXPECT_EQ(reserved.alternatives(0).device(), "host/gpu-1");

@@ -165,7 +165,8 @@ class WorkerServiceTest : public testing::DefaultModelTest {
   // Reads a Prefill stream: the first token, and whether a handoff came.
   static grpc::Status RunPrefill(TestWorker& worker,
                                  const v1::PrefillRequest& request,
-                                 int32_t* first, bool* handoff) {
+                                 int32_t* first, bool* handoff,
+                                 v1::PrefillHandoff* report = nullptr) {
     auto context = Context();
     auto reader = worker.stub->Prefill(context.get(), request);
     v1::PrefillResponse response;
@@ -173,7 +174,10 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     while (reader->Read(&response)) {
       if (response.has_first_token())
         *first = response.first_token().token_id();
-      if (response.has_handoff()) *handoff = true;
+      if (response.has_handoff()) {
+        *handoff = true;
+        if (report != nullptr) *report = response.handoff();
+      }
     }
     return reader->Finish();
   }
@@ -183,7 +187,8 @@ class WorkerServiceTest : public testing::DefaultModelTest {
   static std::vector<int32_t> Split(TestWorker& prefill, TestWorker& decode,
                                     const std::string& id,
                                     const std::vector<int32_t>& prompt,
-                                    v1::ReserveKvResponse* reserved) {
+                                    v1::ReserveKvResponse* reserved,
+                                    v1::KvTransport* transport = nullptr) {
     v1::ReserveKvRequest reserve;
     reserve.set_request_id(id);
     reserve.set_model_id("smollm2");
@@ -204,8 +209,10 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     request.mutable_kv_target()->set_transfer_id(reserved->transfer_id());
     int32_t first = -1;
     bool handoff = false;
+    v1::PrefillHandoff report;
     const grpc::Status prefilled =
-        RunPrefill(prefill, request, &first, &handoff);
+        RunPrefill(prefill, request, &first, &handoff, &report);
+    if (transport != nullptr) *transport = report.kv_transport();
     EXPECT_TRUE(prefilled.ok()) << prefilled.error_message();
     EXPECT_TRUE(handoff);
     v1::DecodeRequest decode_request;

@@ -121,13 +121,7 @@ absl::Status NcclKvSender::SendLayerChunks(
         "NCCL KV layer ", header.layer, ": ", chunks.size(),
         " chunks but header payload_bytes ", header.payload_bytes));
   }
-  if (gate != nullptr && !gate->Enter()) {
-    return Fail(absl::CancelledError(absl::StrCat(
-        "KV transfer ", transfer_id_, ": the pool's blocks were revoked")));
-  }
-  absl::Status status = SendLayerOps(header, ops);
-  if (gate != nullptr) gate->Exit();
-  return status;
+  return SendLayerOps(header, ops, gate);
 }
 
 absl::Status NcclKvSender::SendLayerFromPool(
@@ -167,7 +161,8 @@ absl::Status NcclKvSender::SendLayerFromPool(
 }
 
 absl::Status NcclKvSender::SendLayerOps(const KvTransferHeader& header,
-                                        std::span<const NcclApi::P2pOp> ops) {
+                                        std::span<const NcclApi::P2pOp> ops,
+                                        KvReadGate* gate) {
   if (done_) {
     return absl::FailedPreconditionError("NCCL KV sender already finished");
   }
@@ -191,11 +186,19 @@ absl::Status NcclKvSender::SendLayerOps(const KvTransferHeader& header,
     return Fail(s);
   }
   if (!ops.empty()) {
-    if (absl::Status s = comm_->P2pGroup(ops); !s.ok()) return Fail(s);
-    if (absl::Status s =
-            comm_->Wait(deadline(), absl::StrCat(what, " payload"));
-        !s.ok()) {
-      return Fail(s);
+    // The receiver has posted its receives, so the payload goes out either
+    // way: the pool stays mapped, and a revoked gate only means its blocks
+    // may hold other data now. The transfer is then cancelled without
+    // failing the sender, so Abort still tells the receiver, and the pair's
+    // communicator survives.
+    const bool held = gate == nullptr || gate->Enter();
+    absl::Status s = comm_->P2pGroup(ops);
+    if (s.ok()) s = comm_->Wait(deadline(), absl::StrCat(what, " payload"));
+    if (gate != nullptr && held) gate->Exit();
+    if (!s.ok()) return Fail(s);
+    if (!held) {
+      return absl::CancelledError(
+          absl::StrCat(what, ": the pool's blocks were revoked"));
     }
   }
   return absl::OkStatus();

@@ -116,8 +116,11 @@ class NcclKvSender : public KvSender {
   absl::Status SendLayer(const KvTransferHeader& header,
                          std::span<const uint8_t> payload) override;
   // As SendLayerFromPool: each chunk a DEVICE address of chunk_bytes()
-  // bytes (e.g. DevicePoolChunks), sent in place; `gate` (optional) is
-  // held across the exchange, which fails with Cancelled if it is revoked.
+  // bytes (e.g. DevicePoolChunks), sent in place. `gate` (optional) is held
+  // only around the payload's send and wait, never across a wait for the
+  // peer's verdict; if it was revoked the payload still goes (the receiver
+  // posted for it) and the call returns Cancelled, after which Abort tells
+  // the receiver.
   absl::Status SendLayerChunks(const KvTransferHeader& header,
                                std::span<const std::span<const uint8_t>> chunks,
                                KvReadGate* gate) override;
@@ -134,7 +137,8 @@ class NcclKvSender : public KvSender {
   absl::Status CheckHeader(const KvTransferHeader& header) const;
   // Header, verdict, then the payload ops.
   absl::Status SendLayerOps(const KvTransferHeader& header,
-                            std::span<const NcclApi::P2pOp> ops);
+                            std::span<const NcclApi::P2pOp> ops,
+                            KvReadGate* gate = nullptr);
   absl::Status Fail(absl::Status status);
 
   std::shared_ptr<NcclPairComm> comm_;
