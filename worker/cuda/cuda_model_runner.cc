@@ -267,6 +267,9 @@ absl::Status CudaModelRunner::Forward(std::span<const ForwardItem> items,
     return absl::OkStatus();
   }
   absl::Status status = Step(items, logits, on_layer_done);
+  // Out of device memory for a step's buffers (cudaMalloc's error is not
+  // sticky): this batch fails, the device stays usable.
+  if (absl::IsResourceExhausted(status)) return status;
   if (!status.ok()) return Fail(std::move(status));
   if (options_.allocator != nullptr) {
     for (const ForwardItem& item : items) {

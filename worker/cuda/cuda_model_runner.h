@@ -139,7 +139,9 @@ class CudaModelRunner {
   // reached that point), while the device works on the rest of the step.
   // A CUDA or cuBLAS failure during the step returns Internal (or the
   // GEMM's code) naming the op and the error, and marks the runner
-  // unhealthy: later calls fail with FailedPrecondition.
+  // unhealthy: later calls fail with FailedPrecondition. Running out of
+  // device memory for the step's buffers returns ResourceExhausted and
+  // leaves the runner healthy.
   absl::Status Forward(std::span<const ForwardItem> items,
                        std::vector<float>* logits,
                        const LayerDoneFn& on_layer_done = nullptr);
