@@ -300,14 +300,15 @@ absl::Status CudaModelRunner::EagerStep(std::span<const ForwardItem> items,
                                         const LayerDoneFn& on_layer_done) {
   BuildForwardPlan(items, layout_.block_size, &plan_);
   const uint64_t meta_bytes = plan_.packed.size() * sizeof(int32_t);
-  BATON_RETURN_IF_ERROR(EnsureDeviceBytes(&meta_, meta_bytes, "step metadata"));
+  BATON_RETURN_IF_ERROR(
+      EnsureDeviceBytes(&meta_, meta_bytes, "step metadata", &retired_));
   if (plan_.all_single_token) {
     BATON_RETURN_IF_ERROR(EnsureDeviceBytes(
         &decode_workspace_,
         cuda::PagedDecodeWorkspaceBytes(plan_.num_seqs, config_.num_heads,
                                         config_.head_dim,
                                         plan_.max_context_len),
-        "decode attention workspace"));
+        "decode attention workspace", &retired_));
   }
   // From pageable memory: returns once plan_.packed has been staged.
   BATON_RETURN_IF_ERROR(

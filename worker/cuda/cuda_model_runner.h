@@ -271,6 +271,9 @@ class CudaModelRunner {
   DeviceAllocation logits_;            // f32 [vocab]
   DeviceAllocation meta_;              // int32, plan_.packed
   DeviceAllocation decode_workspace_;  // PagedAttentionDecode's
+  // Outgrown meta_ / decode_workspace_ buffers, freed with the runner (a
+  // cudaFree mid-serving would wait on every stream; EnsureDeviceBytes).
+  std::vector<DeviceAllocation> retired_;
 
   ForwardPlan plan_;
   int64_t eager_steps_ = 0;

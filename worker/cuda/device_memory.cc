@@ -63,9 +63,13 @@ void DeviceAllocation::Reset() {
 }
 
 absl::Status EnsureDeviceBytes(DeviceAllocation* allocation, uint64_t bytes,
-                               absl::string_view what) {
+                               absl::string_view what,
+                               std::vector<DeviceAllocation>* retired) {
   if (allocation->bytes() >= bytes) return absl::OkStatus();
   const uint64_t want = std::max(bytes, 2 * allocation->bytes());
+  if (retired != nullptr && allocation->get() != nullptr) {
+    retired->push_back(std::move(*allocation));
+  }
   *allocation = DeviceAllocation();
   absl::StatusOr<DeviceAllocation> grown = DeviceAllocation::Create(want, what);
   if (!grown.ok()) return grown.status();

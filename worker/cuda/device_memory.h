@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,10 +52,14 @@ class DeviceAllocation {
 
 // Makes `*allocation` hold at least `bytes` (reallocating, without keeping
 // the contents, to max(bytes, 2 * old size) if it is smaller). cudaFree and
-// cudaMalloc synchronize the device, so use it outside of hot loops. Errors
-// as DeviceAllocation::Create.
-absl::Status EnsureDeviceBytes(DeviceAllocation* allocation, uint64_t bytes,
-                               absl::string_view what);
+// cudaMalloc synchronize the device, so use it outside of hot loops. With
+// `retired`, the old allocation is kept there instead of freed: no cudaFree,
+// which would wait for every stream of the device (an NCCL receive posted
+// for a peer included); the doubling bounds what is kept to less than the
+// new size. Errors as DeviceAllocation::Create.
+absl::Status EnsureDeviceBytes(
+    DeviceAllocation* allocation, uint64_t bytes, absl::string_view what,
+    std::vector<DeviceAllocation>* retired = nullptr);
 
 }  // namespace baton
 
