@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,19 @@ inline absl::Status WorkerError(const WorkerInfo& worker, absl::string_view rpc,
       static_cast<absl::StatusCode>(status.error_code()),
       absl::StrCat(rpc, " on worker ", worker.ref.id, " (",
                    worker.registration.address, "): ", status.error_message()));
+}
+
+using SteadyClock = std::chrono::steady_clock;
+
+inline double MsBetween(SteadyClock::time_point a, SteadyClock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+inline v1::WorkerRef ToRef(const WorkerInfo& worker) {
+  v1::WorkerRef ref;
+  ref.set_worker_id(worker.ref.id);
+  ref.set_address(worker.registration.address);
+  return ref;
 }
 
 class GenerateCall::ScopedContext {
