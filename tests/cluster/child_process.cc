@@ -158,4 +158,14 @@ absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
   }
 }
 
+bool ChildProcess::PollStopped() {
+  if (exit_status_.has_value()) return false;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG | WUNTRACED);
+  if (r == pid_ && WIFSTOPPED(status)) return true;
+  if (r == pid_) exit_status_ = status;
+  if (r < 0) exit_status_ = -1;
+  return false;
+}
+
 }  // namespace baton::testing

@@ -48,6 +48,10 @@ class ChildProcess {
   // Waits up to `timeout` for the process to exit; its wait status, or
   // DeadlineExceeded.
   absl::StatusOr<int> Wait(absl::Duration timeout);
+  // Whether the process has stopped (SIGSTOP, e.g. a fault point's stop
+  // action) since it last ran; reports each stop once. An exit seen here is
+  // recorded as Wait would.
+  bool PollStopped();
 
  private:
   ChildProcess() = default;

@@ -1,6 +1,7 @@
 #include "tests/cluster/cluster_test_util.h"
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,9 @@ StreamResult RunGenerate(v1::Baton::Stub& stub,
                          const v1::GenerateRequest& request,
                          const StreamOptions& options) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
+  if (options.deadline != absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
+  }
   StreamResult out;
   auto reader = stub.Generate(&context, request);
   v1::GenerateResponse response;
@@ -40,6 +43,52 @@ StreamResult RunGenerate(v1::Baton::Stub& stub,
   return out;
 }
 
+absl::Duration HostPace() {
+  static const absl::Duration pace = [] {
+    auto bundle = cli::LoadModelBundle(DefaultModelPath());
+    BATON_CHECK(bundle.ok()) << bundle.status();
+    EngineOptions options;
+    options.num_threads = 1;
+    options.kv_cache_blocks = 64;
+    auto engine =
+        Engine::Create(options, bundle->weights.get(), bundle->tokenizer.get());
+    BATON_CHECK(engine.ok()) << engine.status();
+    GenerationRequest request;
+    request.id = "pace";
+    for (int32_t i = 0; i < 32; ++i) request.prompt.push_back(100 + i);
+    request.params.temperature = 0.0;
+    request.params.max_tokens = 4;
+    request.params.ignore_eos = true;
+    const absl::Time start = absl::Now();
+    BATON_CHECK((*engine)->Submit(request, [](const RequestOutput&) {}).ok());
+    (*engine)->RunUntilIdle();
+    const absl::Duration took = absl::Now() - start;
+    std::fprintf(stderr, "host pace (32-token prefill + 4 decode steps): %s\n",
+                 absl::FormatDuration(took).c_str());
+    return took;
+  }();
+  return pace;
+}
+
+absl::Duration DefaultTestDeadline() {
+  return absl::Seconds(60) + 200 * HostPace();
+}
+
+std::string Describe(const StreamResult& result) {
+  std::string out = absl::StrCat(
+      "rpc status ", static_cast<int>(result.status.error_code()), " '",
+      result.status.error_message(), "', ", result.tokens.size(), " tokens");
+  if (result.has_result) {
+    absl::StrAppend(&out, ", finish_reason ",
+                    v1::FinishReason_Name(result.result.finish_reason()),
+                    ", error_code ", result.result.error_code(), " '",
+                    result.result.error_message(), "'");
+  } else {
+    absl::StrAppend(&out, ", no result message");
+  }
+  return out;
+}
+
 v1::GenerateRequest ChatRequest(const std::string& user, int max_tokens,
                                 double temperature, uint64_t seed) {
   v1::GenerateRequest request;
@@ -54,7 +103,8 @@ v1::GenerateRequest ChatRequest(const std::string& user, int max_tokens,
 }
 
 std::vector<Expected> InProcessReference(
-    const std::vector<v1::GenerateRequest>& requests) {
+    const std::vector<v1::GenerateRequest>& requests, absl::Duration* took) {
+  const absl::Time start = absl::Now();
   auto bundle = cli::LoadModelBundle(DefaultModelPath());
   BATON_CHECK(bundle.ok()) << bundle.status();
   EngineOptions options;
@@ -89,6 +139,7 @@ std::vector<Expected> InProcessReference(
                     .ok());
   }
   (*engine)->RunUntilIdle();
+  if (took != nullptr) *took = absl::Now() - start;
   return expected;
 }
 

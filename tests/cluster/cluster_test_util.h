@@ -25,8 +25,24 @@ struct StreamResult {
   v1::GenerateResult result;
 };
 
+// How a stream ended, for assertion messages: the RPC status, the finish
+// reason with the in-band error, and the token count.
+std::string Describe(const StreamResult& result);
+
+// How long this host, in this build, takes for a fixed piece of engine
+// work (a 32-token prefill and 4 decode steps on one thread, in process),
+// measured once per test process. Client deadlines are sized from it,
+// never from a figure taken on another host.
+absl::Duration HostPace();
+// The deadline of a test request that should finish long before it: 60 s
+// plus 200 paces (a test's request is a few paces of work per process,
+// plus RPC hops). It only stops a hang.
+absl::Duration DefaultTestDeadline();
+
 struct StreamOptions {
-  absl::Duration deadline = absl::Seconds(120);
+  // The RPC's deadline; InfiniteDuration: none (ctest's timeout bounds
+  // the test).
+  absl::Duration deadline = DefaultTestDeadline();
   // Cancel the RPC (TryCancel) once this many tokens arrived; -1: never.
   int cancel_after_tokens = -1;
 };
@@ -47,8 +63,11 @@ struct Expected {
   std::string text;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
 };
+// `took`, if not null: the wall time of the engine's run, which sizes the
+// client deadlines of a cluster doing the same work on this host.
 std::vector<Expected> InProcessReference(
-    const std::vector<v1::GenerateRequest>& requests);
+    const std::vector<v1::GenerateRequest>& requests,
+    absl::Duration* took = nullptr);
 
 }  // namespace baton::testing
 

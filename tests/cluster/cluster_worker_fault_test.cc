@@ -25,11 +25,16 @@ using ::testing::HasSubstr;
 // client may retry: streamed tokens cannot be taken back, so the
 // coordinator does not replay them elsewhere); requests on the other decode
 // worker complete; the survivors leak nothing; new requests are served.
+// The kill comes at a known point: the victim stops itself at its 5th
+// decode step (fault point decode_step), with sequences running.
 TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequest) {
   LocalClusterOptions options;
   options.decode = 2;
+  const int victim = 1;
+  options.flags_of_worker[victim] = {"--fault=decode_step:stop@5"};
   auto cluster = StartOrDie(options);
   ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cluster->workers()[victim].role, "decode");
   constexpr int kRequests = 6;
   std::vector<StreamResult> results(kRequests);
   std::vector<std::thread> clients;
@@ -39,22 +44,13 @@ TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequest) {
           RunGenerate(cluster->baton(), LongRequest(i, 120));
     });
   }
-  // Wait until the first decode worker is generating, then kill it.
-  const int victim = 1;
-  ASSERT_EQ(cluster->workers()[victim].role, "decode");
-  for (int i = 0; i < 500; ++i) {
-    v1::GetWorkerStatusResponse status;
-    grpc::ClientContext context;
-    if (cluster->workers()[victim]
-            .stub->GetWorkerStatus(&context, {}, &status)
-            .ok() &&
-        status.load().running_sequences() > 0) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const absl::StatusOr<int> stopped =
+      cluster->WaitForStoppedWorker(absl::Seconds(120));
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
+  if (stopped.ok()) {
+    EXPECT_EQ(*stopped, victim);
+    cluster->Kill(*stopped);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  cluster->Kill(victim);
   for (std::thread& t : clients) t.join();
   int completed = 0;
   int unavailable = 0;
@@ -87,54 +83,54 @@ TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequest) {
   ExpectCleanStop(*cluster);
 }
 
-// A prefill worker SIGKILLed while it runs a long prompt: no token has
-// reached the client, so the coordinator starts the request over on the
-// other prefill worker and it completes; the decode worker's first
-// reservation for it is freed; the next request (sent before the dead
-// worker's lease expires) is served too.
+// A prefill worker SIGKILLed mid-prefill, at a known point: its first
+// prompt step (fault point prefill_step), before the model ran. The request
+// is leased there, the decode worker holds its reservation, and no token
+// exists yet, so the coordinator starts the request over on the other
+// prefill worker and it completes; the decode worker's first reservation
+// for it is freed; the next request (sent before the dead worker's lease
+// expires) is served too. Both prefill workers stop at that point: the
+// first is killed there, the second (the retry) is continued.
 TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
   LocalClusterOptions options;
   options.prefill = 2;
+  options.worker_flags = {"--fault=prefill_step:stop"};
   auto cluster = StartOrDie(options);
   ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cluster->workers()[2].role, "decode");
   v1::GenerateRequest request;
-  // 800 prompt tokens: about half a second of prefill (a minute under
-  // ThreadSanitizer).
-  for (int i = 0; i < 800; ++i) {
+  // Several KV blocks; the length does not matter for the fault's timing.
+  for (int i = 0; i < 100; ++i) {
     request.mutable_token_ids()->add_token_ids(100 + (i * 7919) % 40000);
   }
   request.mutable_sampling()->set_max_tokens(4);
   request.mutable_sampling()->set_temperature(0);
+  request.mutable_sampling()->set_ignore_eos(true);
   StreamResult result;
   std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
-  // The prefill worker that took the prompt.
-  int victim = -1;
-  for (int i = 0; i < 1000 && victim < 0; ++i) {
-    for (int w = 0; w < 2; ++w) {
-      v1::GetWorkerStatusResponse status;
-      grpc::ClientContext context;
-      if (cluster->workers()[w]
-              .stub->GetWorkerStatus(&context, {}, &status)
-              .ok() &&
-          status.leased_request_ids_size() > 0) {
-        victim = w;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (victim >= 0) cluster->Kill(victim);
+  const absl::StatusOr<int> victim =
+      cluster->WaitForStoppedWorker(absl::Seconds(120));
+  if (victim.ok()) cluster->Kill(*victim);
+  const absl::StatusOr<int> retried =
+      victim.ok() ? cluster->WaitForStoppedWorker(absl::Seconds(120))
+                  : victim.status();
+  if (retried.ok()) cluster->workers()[*retried].process->Signal(SIGCONT);
   client.join();
-  ASSERT_GE(victim, 0) << "no prefill worker took the request: "
-                       << result.status.error_message();
-  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
-  EXPECT_EQ(result.tokens.size(), 4u);
+  ASSERT_TRUE(victim.ok()) << victim.status() << "; " << Describe(result);
+  ASSERT_TRUE(retried.ok()) << retried.status() << "; " << Describe(result);
+  EXPECT_EQ(*retried, 1 - *victim);
+  ASSERT_TRUE(result.status.ok()) << Describe(result);
+  ASSERT_TRUE(result.has_result) << Describe(result);
+  EXPECT_EQ(result.result.finish_reason(), v1::FINISH_REASON_LENGTH)
+      << Describe(result);
+  EXPECT_EQ(result.tokens.size(), 4u) << Describe(result);
   EXPECT_EQ(result.result.prefill_worker().address(),
-            cluster->workers()[1 - victim].address);
+            cluster->workers()[*retried].address);
   ExpectAllFree(*cluster);
   const StreamResult after = RunGenerate(cluster->baton(), LongRequest(1, 4));
-  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_TRUE(after.status.ok()) << Describe(after);
   EXPECT_EQ(after.result.prefill_worker().address(),
-            cluster->workers()[1 - victim].address);
+            cluster->workers()[*retried].address);
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);
 }
@@ -143,40 +139,42 @@ TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
 // layer-wise transfer stalls: past --transfer_timeout_ms the coordinator
 // fails the request (DEADLINE_EXCEEDED, in-band: the first token was
 // already streamed) and cancels it on both workers; once the decode worker
-// runs again, both hold nothing.
+// runs again, both hold nothing. The freeze comes at a known point: the
+// prefill worker stops itself at its first prompt step (fault point
+// prefill_step, after ReserveKv), the decode worker is frozen, then the
+// prefill worker continued.
 TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
   LocalClusterOptions options;
   options.lease_ttl_ms = 150000;  // the frozen worker must not be declared down
   options.coordinator_flags = {"--transfer_timeout_ms=1500"};
+  options.worker_flags = {"--fault=prefill_step:stop"};
   auto cluster = StartOrDie(options);
   ASSERT_NE(cluster, nullptr);
   LocalCluster::Worker& decode = cluster->workers()[1];
   ASSERT_EQ(decode.role, "decode");
   v1::GenerateRequest request;
-  // 800 prompt tokens: 18 MB of KV, more than the sockets buffer, and about
-  // half a second of prefill to freeze the decode worker in.
+  // 800 prompt tokens: 18 MB of KV, more than the sockets buffer.
   for (int i = 0; i < 800; ++i) {
     request.mutable_token_ids()->add_token_ids(100 + (i * 7919) % 40000);
   }
   request.mutable_sampling()->set_max_tokens(4);
   request.mutable_sampling()->set_temperature(0);
   StreamOptions stream_options;
-  stream_options.deadline = absl::Seconds(300);
+  stream_options.deadline = absl::InfiniteDuration();  // ctest's timeout
   StreamResult result;
   std::thread client(
       [&] { result = RunGenerate(cluster->baton(), request, stream_options); });
-  bool frozen = false;
-  for (int i = 0; i < 2000 && !frozen; ++i) {
+  const absl::StatusOr<int> stopped =
+      cluster->WaitForStoppedWorker(absl::Seconds(120));
+  const bool frozen = stopped.ok() && *stopped == 0;
+  if (frozen) {
     v1::GetWorkerStatusResponse status;
     grpc::ClientContext context;
-    if (decode.stub->GetWorkerStatus(&context, {}, &status).ok() &&
-        status.leased_request_ids_size() > 0) {
-      decode.process->Signal(SIGSTOP);
-      frozen = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (frozen) {
+    EXPECT_TRUE(decode.stub->GetWorkerStatus(&context, {}, &status).ok());
+    EXPECT_EQ(status.leased_request_ids_size(), 1)
+        << "the decode worker holds no reservation yet";
+    decode.process->Signal(SIGSTOP);
+    cluster->workers()[0].process->Signal(SIGCONT);
     // Until the coordinator has given up on the transfer (minutes under
     // ThreadSanitizer, whose prefill alone takes most of one).
     for (int i = 0; i < 25000; ++i) {
@@ -191,7 +189,8 @@ TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
     decode.process->Signal(SIGCONT);
   }
   client.join();
-  ASSERT_TRUE(frozen) << "the decode worker never held the reservation";
+  ASSERT_TRUE(frozen) << "the prefill worker did not stop at prefill_step: "
+                      << stopped.status() << "; " << Describe(result);
   ASSERT_TRUE(result.status.ok()) << result.status.error_message();
   ASSERT_TRUE(result.has_result);
   EXPECT_EQ(result.result.finish_reason(), v1::FINISH_REASON_ERROR);
@@ -205,6 +204,46 @@ TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);
+}
+
+// A worker stopped (SIGTERM) while a request runs on it ends the request's
+// streams and exits cleanly: every Prefill and Decode stream reactor is
+// finished and freed (under ASan, LeakSanitizer's exit check finds
+// nothing; a leak makes the exit status non-zero, which StopWorker
+// reports). The stop comes at a known point: the prefill worker mid-prefill
+// (its first prompt step), the decode worker mid-decode (its 3rd decode
+// step, the sequence joined to its batch).
+TEST(ClusterWorkerFaultTest, WorkerStoppedMidRequestFinishesItsStreams) {
+  for (const bool prefill_side : {true, false}) {
+    SCOPED_TRACE(prefill_side ? "prefill worker" : "decode worker");
+    LocalClusterOptions options;
+    const int index = prefill_side ? 0 : 1;
+    options.flags_of_worker[index] = {prefill_side
+                                          ? "--fault=prefill_step:stop"
+                                          : "--fault=decode_step:stop@3"};
+    auto cluster = StartOrDie(options);
+    ASSERT_NE(cluster, nullptr);
+    StreamResult result;
+    std::thread client(
+        [&] { result = RunGenerate(cluster->baton(), LongRequest(3, 64)); });
+    const absl::StatusOr<int> stopped =
+        cluster->WaitForStoppedWorker(absl::Seconds(120));
+    EXPECT_TRUE(stopped.ok()) << stopped.status();
+    if (stopped.ok()) {
+      EXPECT_EQ(*stopped, index);
+      const absl::Status exited = cluster->StopWorker(*stopped);
+      EXPECT_TRUE(exited.ok()) << exited;
+    }
+    client.join();
+    // The request ends (it cannot complete without the worker), with the
+    // error of a worker that is gone.
+    const grpc::StatusCode code =
+        result.status.ok() && result.has_result
+            ? static_cast<grpc::StatusCode>(result.result.error_code())
+            : result.status.error_code();
+    EXPECT_EQ(code, grpc::StatusCode::UNAVAILABLE) << Describe(result);
+    ExpectCleanStop(*cluster);
+  }
 }
 
 // A device fault inside a step (--fault_after_steps, after the warm-up's

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/test_util.h"
+#include "tests/cluster/cluster_test_util.h"
 
 namespace baton::testing {
 namespace {
@@ -87,6 +88,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--coordinator=" + cluster->address_};
     argv.insert(argv.end(), options.worker_flags.begin(),
                 options.worker_flags.end());
+    if (auto it = options.flags_of_worker.find(static_cast<int>(i));
+        it != options.flags_of_worker.end()) {
+      argv.insert(argv.end(), it->second.begin(), it->second.end());
+    }
     auto child = ChildProcess::Start(argv);
     if (!child.ok()) return child.status();
     spawned.push_back(std::move(*child));
@@ -125,6 +130,41 @@ LocalCluster::~LocalCluster() {
   }
 }
 
+namespace {
+
+// SIGTERM (and SIGCONT, should it be stopped) to each, then waits for each
+// to exit. OK if every one exits with status 0; otherwise the first
+// failure, naming the process.
+absl::Status TerminateAll(
+    const std::vector<std::pair<std::string, ChildProcess*>>& running) {
+  for (auto& [name, process] : running) {
+    process->Signal(SIGTERM);
+    process->Signal(SIGCONT);
+  }
+  // A guard against a hang, not a bound on shutdown: the last step of a
+  // prefill and LeakSanitizer's exit check run first.
+  const absl::Duration guard = absl::Seconds(30) + 50 * HostPace();
+  absl::Status result;
+  for (auto& [name, process] : running) {
+    absl::StatusOr<int> status = process->Wait(guard);
+    if (!status.ok()) {
+      process->Signal(SIGKILL);
+      result.Update(absl::DeadlineExceededError(
+          absl::StrCat(name, " did not stop within ",
+                       absl::FormatDuration(guard), " of SIGTERM")));
+    } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      result.Update(absl::InternalError(absl::StrCat(
+          name, " ended with wait status ", *status,
+          WIFSIGNALED(*status)
+              ? absl::StrCat(" (signal ", WTERMSIG(*status), ")")
+              : absl::StrCat(" (exit code ", WEXITSTATUS(*status), ")"))));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
 absl::Status LocalCluster::Stop() {
   std::vector<std::pair<std::string, ChildProcess*>> running;
   for (Worker& w : workers_) {
@@ -136,23 +176,17 @@ absl::Status LocalCluster::Stop() {
   if (coordinator_ != nullptr && coordinator_->running()) {
     running.emplace_back("coordinator", coordinator_.get());
   }
-  for (auto& [name, process] : running) process->Signal(SIGTERM);
-  absl::Status result;
-  for (auto& [name, process] : running) {
-    absl::StatusOr<int> status = process->Wait(absl::Seconds(10));
-    if (!status.ok()) {
-      process->Signal(SIGKILL);
-      result.Update(absl::DeadlineExceededError(
-          absl::StrCat(name, " did not stop within 10 s of SIGTERM")));
-    } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      result.Update(absl::InternalError(
-          absl::StrCat(name, " ended with wait status ", *status,
-                       WIFSIGNALED(*status)
-                           ? absl::StrCat(" (signal ", WTERMSIG(*status), ")")
-                           : "")));
-    }
+  return TerminateAll(running);
+}
+
+absl::Status LocalCluster::StopWorker(int index) {
+  Worker& w = workers_.at(static_cast<size_t>(index));
+  if (!w.process->running()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(w.role, " worker ", w.address, " is not running"));
   }
-  return result;
+  return TerminateAll(
+      {{absl::StrCat(w.role, " worker ", w.address), w.process.get()}});
 }
 
 absl::Status LocalCluster::WaitHealthy(int count, absl::Duration timeout) {
@@ -241,6 +275,21 @@ int LocalCluster::WorkerIndex(const std::string& address) const {
     if (workers_[i].address == address) return static_cast<int>(i);
   }
   return -1;
+}
+
+absl::StatusOr<int> LocalCluster::WaitForStoppedWorker(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].process->PollStopped()) return static_cast<int>(i);
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no worker stopped at a fault point within ",
+                       absl::FormatDuration(timeout)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 }  // namespace baton::testing

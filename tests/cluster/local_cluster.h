@@ -5,6 +5,7 @@
 #define BATON_TESTS_CLUSTER_LOCAL_CLUSTER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +31,11 @@ struct LocalClusterOptions {
   int lease_ttl_ms = 1000;
   // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
   std::vector<std::string> coordinator_flags;
-  // Extra flags of every worker, e.g. "--fault_after_steps=3".
+  // Extra flags of every worker, e.g. "--fault=prefill_step:stop".
   std::vector<std::string> worker_flags;
+  // Extra flags of single workers, by index in workers() (the prefill
+  // workers, then the decode, then the both workers).
+  std::map<int, std::vector<std::string>> flags_of_worker;
   // Serve the OpenAI-compatible HTTP API too (--http_listen=127.0.0.1:0);
   // its address is http_address().
   bool http = false;
@@ -67,11 +71,18 @@ class LocalCluster {
   // and no leased request, and the coordinator no active request. The
   // error names the first worker still holding blocks, with its numbers.
   absl::Status WaitAllFree(absl::Duration timeout);
-  // SIGTERM to every running process; OK if each exits with status 0
-  // within 10 s (a crash at shutdown is an error naming the process).
+  // SIGTERM to every running process; OK if each exits with status 0 (a
+  // crash at shutdown, or a leak LeakSanitizer reports at exit, is an error
+  // naming the process).
   absl::Status Stop();
+  // The same for worker `index` alone (continued first if it is stopped).
+  absl::Status StopWorker(int index);
   // SIGKILL to worker `index`, reaped before returning.
   void Kill(int index);
+  // Until a worker stops itself (--fault=POINT:stop); its index. The
+  // timeout only guards against a hang: the stop is an event of the
+  // request, not of the clock. DeadlineExceeded naming the timeout.
+  absl::StatusOr<int> WaitForStoppedWorker(absl::Duration timeout);
 
   // The index of the worker with this address, or -1.
   int WorkerIndex(const std::string& address) const;

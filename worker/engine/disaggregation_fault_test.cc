@@ -183,17 +183,18 @@ TEST_F(DisaggregationTest, ChecksumMismatchInPlaceCommitsNothing) {
 TEST_F(DisaggregationTest, HandoffTimeoutWhileTcpSendIsStuck) {
   // A peer that never accepts or reads: the sender's sendmsg fills the
   // socket buffers and waits. The timeout must free the blocks at once
-  // (the send waits outside the pool's read gate), not after the sender's
-  // 60 s stall timeout.
+  // (the send waits outside the pool's read gate), not once the send
+  // ends: the sender's stall timeout is an hour and the peer goes away
+  // only after the engine is idle, so a handoff that waited for the sender
+  // would hang here (ctest's timeout) instead of ending on its own.
   int port = 0;
   auto listener = TcpListen("127.0.0.1", 0, &port);
   ASSERT_TRUE(listener.ok()) << listener.status();
   auto prefill = MakeEngine();
   PrefillOptions options;
   options.timeout = std::chrono::milliseconds(300);
-  options.make_sink =
-      TcpKvSinkFactory("127.0.0.1:" + std::to_string(port), 6, "",
-                       {.stall_timeout = absl::Seconds(60)});
+  options.make_sink = TcpKvSinkFactory("127.0.0.1:" + std::to_string(port), 6,
+                                       "", {.stall_timeout = absl::Hours(1)});
   PrefillResult result;
   SamplingParams params;
   params.temperature = 0.0;
@@ -202,16 +203,15 @@ TEST_F(DisaggregationTest, HandoffTimeoutWhileTcpSendIsStuck) {
       Chat("Continue the story: " +
            Repeat("A fox met a crow who held some cheese. ", 40));
   ASSERT_GT(prompt.size(), 400u);
-  const absl::Time start = absl::Now();
   ASSERT_TRUE(prefill
                   ->SubmitPrefill({"s", prompt, params}, options,
                                   CollectPrefill(&result))
                   .ok());
   prefill->RunUntilIdle();
-  const absl::Duration took = absl::Now() - start;
   ASSERT_TRUE(result.done);
   EXPECT_TRUE(absl::IsDeadlineExceeded(result.last.error)) << result.last.error;
-  EXPECT_LT(took, absl::Seconds(30));
+  EXPECT_THAT(result.last.error.message(),
+              HasSubstr("was not confirmed within 0.3 s"));
   ExpectAllFree(*prefill);
   // Closing the listener resets the connection; the detached sender ends
   // and the engine joins it.

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/status_macros.h"
 
 namespace baton {
@@ -396,7 +397,8 @@ bool Engine::StepOnce() {
       for (KvHandoff* h : streaming) h->LayerReady(layer);
     };
   }
-  absl::Status status = runner_->Forward(items, &logits_, on_layer);
+  absl::Status status = HitStepFaultPoints(scheduled);
+  if (status.ok()) status = runner_->Forward(items, &logits_, on_layer);
   if (status.ok() && !staging.ok()) {
     status = absl::Status(staging.code(),
                           absl::StrCat("copying the KV to the host for its "
@@ -419,6 +421,38 @@ bool Engine::StepOnce() {
     ++row;
   }
   return true;
+}
+
+absl::Status Engine::HitStepFaultPoints(
+    const std::vector<ScheduledItem>& scheduled) {
+  bool prefills = false;
+  bool decodes = false;
+  for (const ScheduledItem& s : scheduled) {
+    (s.seq->num_cached < s.seq->num_prompt ? prefills : decodes) = true;
+  }
+  FaultPoints& faults = FaultPoints::Global();
+  if (prefills) BATON_RETURN_IF_ERROR(faults.Hit(kFaultPrefillStep));
+  if (decodes) BATON_RETURN_IF_ERROR(faults.Hit(kFaultDecodeStep));
+  return absl::OkStatus();
+}
+
+void Engine::Shutdown(const absl::Status& reason) {
+  DrainInbox();
+  std::vector<Sequence*> ending;
+  for (auto& [id, seq] : live_) ending.push_back(seq.get());
+  for (Sequence* seq : ending) {
+    if (seq->handoff != nullptr) {
+      // Joins the sender thread (aborted: it stops at its next chunk), so
+      // the blocks it reads can go.
+      handing_off_.erase(seq->handoff_serial);
+      seq->handoff->Abort(reason);
+      seq->handoff.reset();
+      RemoveFromScheduler(seq);
+      FinishPrefill(seq, reason, KvHandoffMetrics{});
+      continue;
+    }
+    EndEarly(seq, FinishReason::kError, reason);
+  }
 }
 
 void Engine::RunUntilIdle() {

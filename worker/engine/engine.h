@@ -179,6 +179,13 @@ class Engine {
                                    std::vector<int32_t> generated,
                                    OutputCallback on_output);
 
+  // Ends every request still here with kError and `reason` (Unavailable,
+  // e.g. "worker shutting down"), each through its callback, and frees
+  // their blocks; aborts and joins handoffs in flight. REQUIRES: no thread
+  // steps the engine any more (the caller becomes the engine thread).
+  // Reserved imports are freed by the destructor.
+  void Shutdown(const absl::Status& reason);
+
   // One engine iteration; returns false if there was nothing to do.
   bool Step();
   // Steps until every submitted request has finished (waiting, not spinning,
@@ -252,6 +259,10 @@ class Engine {
   // Finishes handoffs that completed or timed out; reaps detached ones.
   void ProcessHandoffs(const std::vector<uint64_t>& completed);
   void RemoveFromScheduler(Sequence* seq);
+  // The fault points of a step (kFaultPrefillStep when it prefills part of
+  // a prompt, kFaultDecodeStep when it decodes); an injected error fails
+  // the step as a runner error would.
+  absl::Status HitStepFaultPoints(const std::vector<ScheduledItem>& scheduled);
   // Releases a reserved import not yet started; false if there is none.
   bool CancelImport(const std::string& request_id);
   void WaitForEvents();

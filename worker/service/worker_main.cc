@@ -29,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "cli/model_bundle.h"
+#include "common/fault/fault_points.h"
 #include "common/grpc/serving.h"
 #include "common/metrics/metrics.h"
 #include "common/status_macros.h"
@@ -64,6 +65,12 @@ ABSL_FLAG(int64_t, fault_after_steps, 0,
           "fault injection for tests: the engine's runner fails every step "
           "from this one on (the warm-up's steps count), as after a device "
           "fault; 0: off");
+ABSL_FLAG(std::string, fault, "",
+          "fault injection for tests: POINT:ACTION[@N],... makes the N-th "
+          "hit (default 1, counted after the warm-up) of a fault point crash "
+          "the worker, stop it (SIGSTOP) or fail there (actions crash, stop, "
+          "error; points prefill_step, decode_step; see "
+          "common/fault/fault_points.h); empty: off");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator; empty: run standalone");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -321,6 +328,11 @@ int Main() {
       return 2;
     }
   }
+  auto faults = ParseFaultSpecs(absl::GetFlag(FLAGS_fault));
+  if (!faults.ok()) {
+    Log(absl::StrCat("--fault: ", faults.status().message()));
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) < 1 ||
       absl::GetFlag(FLAGS_kv_cache_mib) < 1) {
     Log("--threads and --kv_cache_mib must be >= 1");
@@ -359,6 +371,7 @@ int Main() {
     Log(absl::StrCat("warm-up failed: ", s.ToString()));
     return 1;
   }
+  FaultPoints::Global().Arm(std::move(*faults));
   const ModelConfig& config = (*engine)->config();
   WorkerServiceOptions options;
   options.role = *role;

@@ -62,6 +62,9 @@ WorkerService::~WorkerService() {
   receiver_.reset();
   device_receiver_.reset();
   loop_.reset();
+  // Every Prefill and Decode stream still fed by the engine ends here, so
+  // each reactor is closed (and freed) before the service goes.
+  engine_->Shutdown(absl::UnavailableError("worker shutting down"));
   absl::MutexLock lock(&mu_);
   for (auto& [id, pending] : imports_) {
     if (pending.waiting != nullptr) {

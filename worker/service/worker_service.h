@@ -105,8 +105,10 @@ class WorkerService final : public v1::Worker::CallbackService {
   // or an unspecified role; the receiver's error if it cannot listen.
   static absl::StatusOr<std::unique_ptr<WorkerService>> Create(
       const WorkerServiceOptions& options, Engine* engine);
-  // The gRPC server must be shut down first. Stops the receiver, then the
-  // engine thread.
+  // The gRPC server must be shut down first. Stops the receiver and the
+  // engine thread, then ends every request still in the engine
+  // (Engine::Shutdown) and every Decode waiting for its KV, with
+  // Unavailable: no stream is left open.
   ~WorkerService() override;
   WorkerService(const WorkerService&) = delete;
   WorkerService& operator=(const WorkerService&) = delete;
