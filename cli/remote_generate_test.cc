@@ -193,8 +193,7 @@ TEST(RemoteGenerateTest, PromptsFileRunsConcurrentlyAndPrintsInInputOrder) {
       mu.Await(absl::Condition(&all));
       // The last prompt answers first: each waits for the one after it.
       auto turn = [&]() {
-        return finish_order.size() ==
-               static_cast<size_t>(kPrompts - 1 - index);
+        return finish_order.size() == static_cast<size_t>(kPrompts - 1 - index);
       };
       mu.Await(absl::Condition(&turn));
     }

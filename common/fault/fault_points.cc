@@ -98,19 +98,21 @@ absl::Status FaultPoints::Hit(absl::string_view point) {
     action = fires->spec.action;
     hit = fires->hits;
   }
+  // What the process does, on stderr first: the test that started it reads
+  // it there.
+  auto announce = [&](const char* what) {
+    std::fprintf(stderr, "fault point %.*s: %s (hit %lld)\n",
+                 static_cast<int>(point.size()), point.data(), what,
+                 static_cast<long long>(hit));
+    std::fflush(stderr);
+  };
   switch (action) {
     case FaultAction::kCrash:
-      std::fprintf(stderr, "fault point %.*s: crashing (hit %lld)\n",
-                   static_cast<int>(point.size()), point.data(),
-                   static_cast<long long>(hit));
-      std::fflush(stderr);
+      announce("crashing");
       raise(SIGKILL);
       _exit(137);  // not reached
     case FaultAction::kStop:
-      std::fprintf(stderr, "fault point %.*s: stopped (hit %lld)\n",
-                   static_cast<int>(point.size()), point.data(),
-                   static_cast<long long>(hit));
-      std::fflush(stderr);
+      announce("stopped");
       raise(SIGSTOP);
       return absl::OkStatus();
     case FaultAction::kError:

@@ -74,8 +74,7 @@ TEST_F(LlamaCppGoldenTest, DefaultModelMetadata) {
   EXPECT_TRUE(tok_->notes().empty());
   EXPECT_THAT(tok_->chat_template_source(),
               ::testing::HasSubstr("<|im_start|>"));
-  EXPECT_LT(load_ms_, 1000.0);
-  std::printf("vocab load: %.1f ms\n", load_ms_);
+  std::printf("vocab load: %.1f ms\n", load_ms_);  // measured, not asserted
 }
 
 TEST_F(LlamaCppGoldenTest, EveryCorpusStringMatches) {
@@ -106,7 +105,6 @@ TEST_F(LlamaCppGoldenTest, EveryCorpusStringMatches) {
   std::printf(
       "compared %d encodings (%zu strings) with llama.cpp; encode %.2f ms\n",
       compared, corpus_.size(), encode_ms);
-  EXPECT_LT(encode_ms, 1000.0);
 }
 
 TEST_F(LlamaCppGoldenTest, DecodeRoundTrips) {

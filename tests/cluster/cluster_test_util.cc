@@ -43,16 +43,36 @@ StreamResult RunGenerate(v1::Baton::Stub& stub,
   return out;
 }
 
-absl::Duration HostPace() {
-  static const absl::Duration pace = [] {
+namespace {
+
+// The default model and an engine over it, for in-process runs.
+class DefaultModelEngine {
+ public:
+  DefaultModelEngine(int num_threads, int64_t kv_cache_blocks) {
     auto bundle = cli::LoadModelBundle(DefaultModelPath());
     BATON_CHECK(bundle.ok()) << bundle.status();
+    bundle_ = std::move(*bundle);
     EngineOptions options;
-    options.num_threads = 1;
-    options.kv_cache_blocks = 64;
+    options.num_threads = num_threads;
+    options.kv_cache_blocks = kv_cache_blocks;
     auto engine =
-        Engine::Create(options, bundle->weights.get(), bundle->tokenizer.get());
+        Engine::Create(options, bundle_.weights.get(), bundle_.tokenizer.get());
     BATON_CHECK(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+  Engine* operator->() { return engine_.get(); }
+  const cli::ModelBundle& bundle() const { return bundle_; }
+
+ private:
+  cli::ModelBundle bundle_;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace
+
+absl::Duration HostPace() {
+  static const absl::Duration pace = [] {
+    DefaultModelEngine engine(/*num_threads=*/1, /*kv_cache_blocks=*/64);
     GenerationRequest request;
     request.id = "pace";
     for (int32_t i = 0; i < 32; ++i) request.prompt.push_back(100 + i);
@@ -60,8 +80,8 @@ absl::Duration HostPace() {
     request.params.max_tokens = 4;
     request.params.ignore_eos = true;
     const absl::Time start = absl::Now();
-    BATON_CHECK((*engine)->Submit(request, [](const RequestOutput&) {}).ok());
-    (*engine)->RunUntilIdle();
+    BATON_CHECK(engine->Submit(request, [](const RequestOutput&) {}).ok());
+    engine->RunUntilIdle();
     const absl::Duration took = absl::Now() - start;
     std::fprintf(stderr, "host pace (32-token prefill + 4 decode steps): %s\n",
                  absl::FormatDuration(took).c_str());
@@ -105,14 +125,7 @@ v1::GenerateRequest ChatRequest(const std::string& user, int max_tokens,
 std::vector<Expected> InProcessReference(
     const std::vector<v1::GenerateRequest>& requests, absl::Duration* took) {
   const absl::Time start = absl::Now();
-  auto bundle = cli::LoadModelBundle(DefaultModelPath());
-  BATON_CHECK(bundle.ok()) << bundle.status();
-  EngineOptions options;
-  options.num_threads = 2;
-  options.kv_cache_blocks = 2048;
-  auto engine =
-      Engine::Create(options, bundle->weights.get(), bundle->tokenizer.get());
-  BATON_CHECK(engine.ok()) << engine.status();
+  DefaultModelEngine engine(/*num_threads=*/2, /*kv_cache_blocks=*/2048);
   std::vector<Expected> expected(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const v1::GenerateRequest& r = requests[i];
@@ -120,12 +133,13 @@ std::vector<Expected> InProcessReference(
     GenerationRequest generation;
     generation.id = absl::StrCat("reference-", i);
     generation.prompt =
-        bundle->EncodePrompt(r.chat().messages(0).content(), /*raw=*/false);
+        engine.bundle().EncodePrompt(r.chat().messages(0).content(),
+                                     /*raw=*/false);
     auto params = FromProto(r.sampling());
     BATON_CHECK(params.ok()) << params.status();
     generation.params = *params;
     Expected* e = &expected[i];
-    BATON_CHECK((*engine)
+    BATON_CHECK(engine
                     ->Submit(generation,
                              [e](const RequestOutput& out) {
                                for (const TokenOutput& t : out.tokens) {
@@ -138,7 +152,7 @@ std::vector<Expected> InProcessReference(
                              })
                     .ok());
   }
-  (*engine)->RunUntilIdle();
+  engine->RunUntilIdle();
   if (took != nullptr) *took = absl::Now() - start;
   return expected;
 }
