@@ -103,7 +103,8 @@ run_round() {  # round number, ctest filter arguments...
   local log="$OUT/round-$round.log"
   (cd "$BUILD" && "${RUNNER[@]}" ctest -j2 --output-on-failure "${ctest_args[@]}" "$@") \
     > "$log" 2>&1 || true
-  # "  3/41 Test  #7: Suite.Name ....   Passed    1.23 sec"
+  # "  3/41 Test  #7: Suite.Name ....   Passed    1.23 sec" (a parameterized
+  # test's name is followed by "  # GetParam() = ...")
   while read -r name verdict t; do
     runs[$name]=$(( ${runs[$name]:-0} + 1 ))
     if [ "$verdict" != Passed ]; then
@@ -113,7 +114,7 @@ run_round() {  # round number, ctest filter arguments...
     if [ -z "${secs[$name]:-}" ] || awk "BEGIN{exit !($t > ${secs[$name]})}"; then
       secs[$name]=$t
     fi
-  done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+[* ]*([A-Za-z]+).* ([0-9.]+) sec$/\1 \2 \3/p' "$log")
+  done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .*\.\.\.[* ]*([A-Za-z]+)[^0-9]* ([0-9.]+) sec$/\1 \2 \3/p' "$log")
 }
 
 # The kernels' path as kernels/cpu/cpu_features.h picks it.
@@ -135,7 +136,7 @@ for (( round = 2; round <= ROUNDS; ++round )); do
   (( round <= LONG_ROUNDS )) && selected+=("${long[@]}")
   [ "${#selected[@]}" -eq 0 ] && break
   echo "flake_hunt: round $round of $ROUNDS (${#selected[@]} tests)"
-  regex="^($(IFS='|'; echo "${selected[*]}"))\$"
+  regex="^($(IFS='|'; echo "${selected[*]}"))( |\$)"
   run_round "$round" -R "$regex"
 done
 
