@@ -145,7 +145,9 @@ TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
 // prefill worker continued.
 TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
   LocalClusterOptions options;
-  options.lease_ttl_ms = 150000;  // the frozen worker must not be declared down
+  // The frozen worker must not be declared down, however long the prefill
+  // before the transfer takes on this host.
+  options.lease_ttl_ms = 3600000;
   options.coordinator_flags = {"--transfer_timeout_ms=1500"};
   options.worker_flags = {"--fault=prefill_step:stop"};
   auto cluster = StartOrDie(options);
@@ -177,7 +179,8 @@ TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
     cluster->workers()[0].process->Signal(SIGCONT);
     // Until the coordinator has given up on the transfer (minutes under
     // ThreadSanitizer, whose prefill alone takes most of one).
-    for (int i = 0; i < 25000; ++i) {
+    const absl::Time give_up = absl::Now() + DefaultTestDeadline();
+    while (absl::Now() < give_up) {
       v1::GetClusterStatusResponse status;
       grpc::ClientContext context;
       if (cluster->baton().GetClusterStatus(&context, {}, &status).ok() &&
