@@ -425,12 +425,13 @@ bool Engine::StepOnce() {
 
 absl::Status Engine::HitStepFaultPoints(
     const std::vector<ScheduledItem>& scheduled) {
+  FaultPoints& faults = FaultPoints::Global();
+  if (!faults.armed()) return absl::OkStatus();
   bool prefills = false;
   bool decodes = false;
   for (const ScheduledItem& s : scheduled) {
     (s.seq->num_cached < s.seq->num_prompt ? prefills : decodes) = true;
   }
-  FaultPoints& faults = FaultPoints::Global();
   if (prefills) BATON_RETURN_IF_ERROR(faults.Hit(kFaultPrefillStep));
   if (decodes) BATON_RETURN_IF_ERROR(faults.Hit(kFaultDecodeStep));
   return absl::OkStatus();
