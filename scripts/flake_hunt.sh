@@ -117,14 +117,8 @@ run_round() {  # round number, ctest filter arguments...
   done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .*\.\.\.[* ]*([A-Za-z]+)[^0-9]* ([0-9.]+) sec$/\1 \2 \3/p' "$log")
 }
 
-# The kernels' path as kernels/cpu/cpu_features.h picks it.
-flags=$(grep -m1 '^flags' /proc/cpuinfo)
-isa=scalar
-[[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]] && isa=avx2
-[[ " $flags " == *" avx512_vnni "* && " $flags " == *" avx512bw "* ]] && isa=avx512vnni
-isa="${BATON_CPU_ISA:-$isa}"
-echo "flake_hunt: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores;" \
-     "ISA path $isa; tree $BUILD; slowdown $SLOW; $ROUNDS rounds (long tests $LONG_ROUNDS)"
+echo "flake_hunt: $("$ROOT/scripts/host_info.sh"); tree $BUILD; slowdown $SLOW;" \
+     "$ROUNDS rounds (long tests $LONG_ROUNDS)"
 echo "flake_hunt: round 1 of $ROUNDS (all selected tests)"
 run_round 1
 short=() long=()

@@ -15,13 +15,37 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="${BATON_JOBS:-$(nproc)}"
 
+# Wall time of each stage (setup, fuzz build, main build + tests, ASan, TSan),
+# printed at the end, also when a stage fails: the baseline CI is held to.
+STAGE_TIMES=()
+STAGE_NAME=""
+STAGE_START=$SECONDS
+stage() {  # name of the stage that starts now ("" ends the last one)
+  if [ -n "$STAGE_NAME" ]; then
+    STAGE_TIMES+=("$(printf '%-10s %5d s' "$STAGE_NAME" $(( SECONDS - STAGE_START )))")
+  fi
+  STAGE_NAME="$1"
+  STAGE_START=$SECONDS
+}
+report_stages() {
+  local rc=$?
+  stage ""
+  echo "test.sh: $(scripts/host_info.sh); wall time per stage:"
+  printf '  %s\n' "${STAGE_TIMES[@]}"
+  echo "  total      $SECONDS s (exit $rc)"
+}
+trap report_stages EXIT
+
+stage setup
 bash scripts/setup.sh
 
+stage fuzz
 # libFuzzer targets need clang; they are built separately and run by ctest.
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DBATON_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j "$JOBS"
 
+stage main
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBATON_FUZZ_BUILD_DIR="$ROOT/build-fuzz" >/dev/null
 cmake --build build -j "$JOBS"
@@ -53,6 +77,7 @@ sanitized_run() {  # sanitizer, build dir, ctest arguments...
 # main stage only (20-30 s each under ASan, ~90 s under TSan); its threaded
 # host-staging handoff runs under both sanitizers.
 DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
+stage asan
 sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (and 50x in the matmul kernels): to keep CI within
 # its time, its cluster subset is client cancel, deadline expiry and the
@@ -61,5 +86,6 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
 # and the in-process coordinator + workers metrics test (gRPC client and
 # server in one uninstrumented library) run under ASan only.
+stage tsan
 sanitized_run thread build-thread -E \
   "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|$DEVICE_TOKEN_CHECKS"
