@@ -131,7 +131,8 @@ TEST_F(HttpClusterTest, CurlReadsTheSseStreamAndHealthAndMetrics) {
   // Without a decode worker the cluster cannot serve: 503.
   cluster_->Kill(1);
   std::string health;
-  for (int i = 0; i < 100; ++i) {
+  // Until the coordinator has seen the worker go (its lease ends).
+  for (int i = 0; i < 600; ++i) {
     health = Curl(absl::StrCat("-w ' %{http_code}' ", url, "/health"));
     if (absl::EndsWith(health, " 503")) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -111,9 +111,15 @@ TEST_F(WorkerServiceTest, DecodeBeforeTransferWaitsForIt) {
   grpc::Status decoded;
   std::thread decoder(
       [&] { decoded = RunDecode(*decode, decode_request, &rest, &result); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_THAT(decode->service->LeasedRequestIds(),
-              ::testing::ElementsAre("early-1"));
+  // The Decode call is leased once the service has taken it: wait for that
+  // (not for a fixed time, which a loaded host can outlast).
+  std::vector<std::string> leased;
+  for (int i = 0; i < 6000 && leased.empty(); ++i) {
+    leased = decode->service->LeasedRequestIds();
+    if (leased.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(leased, ::testing::ElementsAre("early-1"));
 
   v1::PrefillRequest request;
   request.set_request_id("early-1");

@@ -205,7 +205,7 @@ TEST(TcpKvTransportTest, ReceiverShutdownCancelsInFlightTransfer) {
   auto sender = Connect(*receiver, 14);
   ASSERT_TRUE(SendLayer(*sender, src, 14, 0).ok());
   // Wait until the receiver is mid-transfer (layer 0 imported).
-  for (int i = 0; i < 500 && decode.Layers(14).empty(); ++i) {
+  for (int i = 0; i < 6000 && decode.Layers(14).empty(); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_EQ(decode.Layers(14).size(), 1u);

@@ -73,8 +73,11 @@ TEST(TcpKvConnectionPoolTest, ConnectionTheReceiverClosedIsNotReused) {
   decode.Expect(1, 40);
   ASSERT_TRUE(Transfer(**receiver, src, 1, pool).ok());
   ASSERT_EQ(pool->idle_count(), 1u);
-  // The receiver closes the idle connection after 100 ms.
-  absl::SleepFor(absl::Milliseconds(400));
+  // The receiver closes the idle connection after 100 ms: wait until it has.
+  for (int i = 0; i < 6000 && (*receiver)->num_connections() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ((*receiver)->num_connections(), 0);
   bool reused = true;
   auto fd =
       pool->Acquire((*receiver)->endpoint(), absl::Seconds(1), 0, &reused);

@@ -125,6 +125,11 @@ void TcpKvReceiver::AcceptThenServe() {
   // This thread is joined by a later listener's Reap or at destruction.
 }
 
+int TcpKvReceiver::num_connections() {
+  absl::MutexLock lock(&mu_);
+  return num_serving_;
+}
+
 void TcpKvReceiver::Serve(int raw_fd) {
   UniqueFd fd(raw_fd);
   SocketIoOptions io;

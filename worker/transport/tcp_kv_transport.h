@@ -136,6 +136,9 @@ class TcpKvReceiver : public KvReceiver {
 
   std::string endpoint() const override;
   int port() const { return port_; }
+  // Connections open now (served or idle between transfers); each is closed
+  // before it stops counting.
+  int num_connections();
 
  private:
   // One thread: it waits for a connection while it is the listener, then
