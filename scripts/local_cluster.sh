@@ -7,7 +7,10 @@
 # SHAPE counts workers by role: P prefill, D decode, C colocated (both),
 # e.g. 1P1D, 2P1D, 1P2D, 2C, 1P1D1C.
 # Options:
-#   --port=N           coordinator port (default 0: any free port)
+#   --port=N           coordinator's public port, the Baton API (default 0:
+#                      any free port)
+#   --control_port=N   coordinator's control plane, where workers register
+#                      (default 0: any free port)
 #   --threads=N        compute threads per worker (default 1)
 #   --kv_cache_mib=N   KV pool per worker (default 256)
 #   --device=DEV       where workers compute: cpu (default), cuda:N (every
@@ -27,15 +30,16 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
-PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
+PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --port=*) PORT="${1#*=}" ;;
+    --control_port=*) CONTROL_PORT="${1#*=}" ;;
     --threads=*) THREADS="${1#*=}" ;;
     --kv_cache_mib=*) KV_MIB="${1#*=}" ;;
     --device=*) DEVICE="${1#*=}" ;;
@@ -106,10 +110,14 @@ listening_address() {
 COORDINATOR_FLAGS=()
 [[ -n "$HTTP_PORT" ]] && COORDINATOR_FLAGS+=(--http_listen="127.0.0.1:$HTTP_PORT")
 [[ -n "$METRICS_PORT" ]] && COORDINATOR_FLAGS+=(--metrics_listen="127.0.0.1:$METRICS_PORT")
-"$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --model="$MODEL" "${COORDINATOR_FLAGS[@]}" \
+"$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --control_listen="127.0.0.1:$CONTROL_PORT" \
+  --model="$MODEL" "${COORDINATOR_FLAGS[@]}" \
   >"$LOGS/coordinator.out" 2>"$LOGS/coordinator.log" &
 PIDS+=($!)
 COORDINATOR="$(listening_address "$LOGS/coordinator.out" "${PIDS[0]}")"
+# "baton-coordinator listening on H:P, control H:P, model ...": workers
+# register on the control plane.
+CONTROL="$(sed -n 's/.*, control \([^, ]*\).*/\1/p' "$LOGS/coordinator.out" | head -1)"
 # "baton-coordinator http on H:P" / "... metrics on H:P" follow the first line.
 printed_address() {  # what ("http" or "metrics")
   for _ in $(seq 100); do
@@ -134,7 +142,7 @@ for i in "${!ROLES[@]}"; do
   "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
     --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \
-    --coordinator="$COORDINATOR" >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
+    --coordinator="$CONTROL" >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
   PIDS+=($!)
 done
 for i in "${!ROLES[@]}"; do

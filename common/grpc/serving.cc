@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
 
 namespace baton {
 namespace {
@@ -33,7 +34,8 @@ int WaitForTerminationSignal() {
 }
 
 absl::StatusOr<RunningServer> StartServer(
-    const std::string& listen, const std::vector<grpc::Service*>& services) {
+    const std::string& listen, const std::vector<ServedService>& services,
+    int max_receive_bytes) {
   const size_t colon = listen.rfind(':');
   int requested = 0;
   if (colon == std::string::npos || colon == 0 ||
@@ -44,14 +46,23 @@ absl::StatusOr<RunningServer> StartServer(
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Reflection describes what the generated pool holds; referencing the
+  // health messages links their descriptors in.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  for (grpc::Service* service : services) builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(max_receive_bytes);
+  for (const ServedService& s : services) builder.RegisterService(s.service);
   RunningServer running;
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  grpc::HealthCheckServiceInterface* health =
+      running.server->GetHealthCheckService();
+  for (const ServedService& s : services) {
+    health->SetServingStatus(s.name, true);
   }
   running.address = absl::StrCat(listen.substr(0, colon), ":", port);
   return running;

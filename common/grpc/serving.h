@@ -27,11 +27,22 @@ struct RunningServer {
   std::string address;
 };
 
+// A service and its full name ("baton.v1.Baton"), the name a health check
+// asks for.
+struct ServedService {
+  grpc::Service* service;
+  std::string name;
+};
+
 // Starts a server on `listen` ("HOST:PORT") with `services`, the health
-// service and reflection. InvalidArgument for a malformed address,
-// Unavailable if it cannot listen. The services must outlive the server.
+// service and reflection (which can describe every service, the health
+// service's too). The health service answers SERVING for "" and for each
+// service's name. InvalidArgument for a malformed address, Unavailable if
+// it cannot listen. The services must outlive the server. A message over
+// `max_receive_bytes` is refused with RESOURCE_EXHAUSTED by gRPC itself.
 absl::StatusOr<RunningServer> StartServer(
-    const std::string& listen, const std::vector<grpc::Service*>& services);
+    const std::string& listen, const std::vector<ServedService>& services,
+    int max_receive_bytes = 4 << 20);
 
 }  // namespace baton
 

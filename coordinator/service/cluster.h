@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics/metrics.h"
+#include "coordinator/service/request_limits.h"
 #include "coordinator/clock.h"
 #include "coordinator/request_state_machine.h"
 #include "coordinator/routing_policy.h"
@@ -48,6 +49,8 @@ struct ClusterOptions {
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Deadline of the unary worker RPCs (ReserveKv, Cancel).
   absl::Duration worker_rpc_timeout = absl::Seconds(5);
+  // What one request may ask for, checked before any worker sees it.
+  RequestLimits limits;
   // Where the coordinator's metrics are registered; null: the process-wide
   // metrics::Registry(). Must outlive the cluster.
   prometheus::Registry* metrics_registry = nullptr;

@@ -1,16 +1,21 @@
 // `baton-coordinator`: the cluster's front door and control plane.
-//   baton-coordinator --listen=127.0.0.1:PORT --model=PATH
+//   baton-coordinator --listen=127.0.0.1:PORT --control_listen=127.0.0.1:PORT
+//                     --model=PATH
 //                     [--policy=least_loaded|round_robin]
 //                     [--heartbeat_ms=N] [--lease_ttl_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
-// Serves baton.v1.Baton (clients) and baton.v1.Coordinator (workers) on one
-// port, plus the health service and reflection. --model names the model
+// Two planes on two ports, each with the health service and reflection:
+// --listen serves baton.v1.Baton (clients; the public plane), and
+// --control_listen serves baton.v1.Coordinator (workers; the control
+// plane). Nothing of the control plane answers on the public port (see
+// docs/security.md for every port and who may call it). --model names the model
 // the workers serve; the coordinator reads only its tokenizer and limits.
 // --http_listen adds the OpenAI-compatible HTTP API (coordinator/http/,
 // docs/http.md), which calls the Baton service through gRPC's in-process
-// channel. Stdout: "baton-coordinator listening on ADDR, model ID", then
+// channel. Stdout: "baton-coordinator listening on ADDR, control ADDR,
+// model ID", then
 // "baton-coordinator http on ADDR" and "baton-coordinator metrics on ADDR"
 // when enabled (bound ports). Stops on SIGINT / SIGTERM.
 #include <grpcpp/grpcpp.h>
@@ -31,8 +36,12 @@
 #include "coordinator/service/coordinator_services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "host:port of the Baton and Coordinator services (port 0: any free "
+          "host:port of the public Baton API (clients; port 0: any free "
           "port)");
+ABSL_FLAG(std::string, control_listen, "127.0.0.1:50052",
+          "host:port of the control plane, the Coordinator service that "
+          "workers register and heartbeat with (port 0: any free port); "
+          "never served on --listen");
 ABSL_FLAG(std::string, model, "",
           "GGUF file or HF folder of the served model (tokenizer and limits)");
 ABSL_FLAG(std::string, policy, "least_loaded", "least_loaded or round_robin");
@@ -52,6 +61,24 @@ ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API");
 ABSL_FLAG(int64_t, http_default_max_tokens, 1024,
           "max_tokens of a chat completion that sets none (capped by the "
           "context left after the prompt; 0: the whole rest of the context)");
+ABSL_FLAG(int32_t, max_receive_bytes, 4 << 20,
+          "largest gRPC message the public port accepts (bigger: "
+          "RESOURCE_EXHAUSTED)");
+// Request limits (coordinator/service/request_limits.h): over one, a request
+// is INVALID_ARGUMENT (HTTP 400) naming the field and the limit.
+ABSL_FLAG(int64_t, max_request_id_bytes, 128,
+          "bytes of a client's request_id");
+ABSL_FLAG(int64_t, max_stop_strings, 16, "stop strings of one request");
+ABSL_FLAG(int64_t, max_stop_string_bytes, 256, "bytes of one stop string");
+ABSL_FLAG(int64_t, max_stop_bytes_total, 1024,
+          "bytes of one request's stop strings together");
+ABSL_FLAG(int64_t, max_stop_token_ids, 64, "stop token ids of one request");
+ABSL_FLAG(int64_t, max_prompt_bytes, int64_t{1} << 20,
+          "bytes of a prompt's text (chat messages together), before "
+          "tokenization");
+ABSL_FLAG(int64_t, max_chat_messages, 1024, "messages of a chat prompt");
+ABSL_FLAG(int64_t, max_prompt_tokens, 0,
+          "tokens of a prompt; 0: the model's context length");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of a Prometheus /metrics listener; empty: none (the "
           "HTTP API also serves /metrics)");
@@ -96,6 +123,24 @@ int Main() {
       absl::Milliseconds(absl::GetFlag(FLAGS_queue_timeout_ms));
   options.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
+  RequestLimits& limits = options.limits;
+  limits.max_request_id_bytes = absl::GetFlag(FLAGS_max_request_id_bytes);
+  limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
+  limits.max_stop_string_bytes = absl::GetFlag(FLAGS_max_stop_string_bytes);
+  limits.max_stop_bytes_total = absl::GetFlag(FLAGS_max_stop_bytes_total);
+  limits.max_stop_token_ids = absl::GetFlag(FLAGS_max_stop_token_ids);
+  limits.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
+  limits.max_chat_messages = absl::GetFlag(FLAGS_max_chat_messages);
+  limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  if (limits.max_request_id_bytes < 1 || limits.max_request_id_bytes > 128) {
+    Log("--max_request_id_bytes must be in [1, 128] (the KV transfer header "
+        "holds the id with its cluster-wide suffix)");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_receive_bytes) < 1024) {
+    Log("--max_receive_bytes must be >= 1024");
+    return 2;
+  }
   auto cluster = Cluster::Create(options, std::move(*model), RealClock());
   if (!cluster.ok()) {
     Log(cluster.status().ToString());
@@ -105,13 +150,22 @@ int Main() {
   ControlPlaneService control_plane(cluster->get());
   BatonService api(cluster->get());
 
-  auto running =
-      StartServer(absl::GetFlag(FLAGS_listen), {&control_plane, &api});
+  auto running = StartServer(absl::GetFlag(FLAGS_listen),
+                             {{&api, v1::Baton::service_full_name()}},
+                             absl::GetFlag(FLAGS_max_receive_bytes));
   if (!running.ok()) {
-    Log(running.status().ToString());
+    Log(absl::StrCat("--listen: ", running.status().ToString()));
     return 1;
   }
   std::unique_ptr<grpc::Server> server = std::move(running->server);
+  auto control =
+      StartServer(absl::GetFlag(FLAGS_control_listen),
+                  {{&control_plane, v1::Coordinator::service_full_name()}});
+  if (!control.ok()) {
+    Log(absl::StrCat("--control_listen: ", control.status().ToString()));
+    return 1;
+  }
+  std::unique_ptr<grpc::Server> control_server = std::move(control->server);
 
   std::unique_ptr<http::OpenAiGateway> gateway;
   if (const std::string listen = absl::GetFlag(FLAGS_http_listen);
@@ -149,8 +203,9 @@ int Main() {
     metrics_server = std::move(*started);
   }
 
-  std::printf("baton-coordinator listening on %s, model %s\n",
-              running->address.c_str(), model_id.c_str());
+  std::printf("baton-coordinator listening on %s, control %s, model %s\n",
+              running->address.c_str(), control->address.c_str(),
+              model_id.c_str());
   if (gateway != nullptr) {
     std::printf("baton-coordinator http on %s\n", gateway->address().c_str());
   }
@@ -167,9 +222,12 @@ int Main() {
   (*cluster)->Shutdown();
   if (gateway != nullptr) gateway->Shutdown(absl::Seconds(2));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  control_server->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::seconds(2));
   gateway.reset();
   metrics_server.reset();
   server.reset();
+  control_server.reset();
   cluster->reset();
   return 0;
 }
@@ -179,7 +237,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "baton-coordinator --listen=HOST:PORT --model=PATH "
+      "baton-coordinator --listen=HOST:PORT --control_listen=HOST:PORT "
+      "--model=PATH "
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--queue_timeout_ms=N] [--transfer_timeout_ms=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "

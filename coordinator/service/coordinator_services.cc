@@ -194,7 +194,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
                       std::chrono::hours(24 * 365)
           ? absl::InfiniteFuture()
           : absl::FromChrono(deadline);
-  auto job = PrepareGenerate(cluster_->model(), *request, absl_deadline);
+  auto job = PrepareGenerate(cluster_->model(), cluster_->options().limits,
+                             *request, absl_deadline);
   if (!job.ok()) {
     cluster_->metrics().OnRequestRejected(job.status());
     reactor->Close(ToGrpcStatus(job.status()));

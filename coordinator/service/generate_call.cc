@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "coordinator/service/generate_call_internal.h"
 #include "worker/sampler/sampling_params.h"
 #include "worker/service/proto_convert.h"
@@ -58,8 +59,10 @@ class ReaderGuard {
 }  // namespace
 
 absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
+                                            const RequestLimits& limits,
                                             const v1::GenerateRequest& request,
                                             absl::Time deadline) {
+  BATON_RETURN_IF_ERROR(CheckRequestLimits(limits, request));
   if (!request.model().empty() && request.model() != model.id()) {
     return absl::NotFoundError(absl::StrCat("model: '", request.model(),
                                             "' is not served here (served: '",
@@ -68,6 +71,8 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
   GenerateJob job;
   auto prompt = model.EncodePrompt(request);
   if (!prompt.ok()) return prompt.status();
+  BATON_RETURN_IF_ERROR(
+      CheckPromptTokens(limits, static_cast<int64_t>(prompt->size())));
   job.prompt = std::move(*prompt);
   job.sampling = request.sampling();
   if (!job.sampling.has_seed()) job.sampling.set_seed(DrawSeed());

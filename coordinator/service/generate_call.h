@@ -54,9 +54,11 @@ struct GenerateJob {
   absl::Time deadline = absl::InfiniteFuture();
 };
 
-// Validates `request` against the served model: InvalidArgument naming the
-// field (model, prompt, sampling.*), NotFound for another model.
+// Validates `request` against `limits` and the served model:
+// InvalidArgument naming the field (request_id, model, prompt, sampling.*)
+// and the limit, NotFound for another model.
 absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
+                                            const RequestLimits& limits,
                                             const v1::GenerateRequest& request,
                                             absl::Time deadline);
 

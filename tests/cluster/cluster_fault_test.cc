@@ -232,6 +232,34 @@ TEST(ClusterFaultTest, MalformedRequestsNameTheField) {
     r.set_model("no-such-model");
     cases.push_back({"model", r, grpc::StatusCode::NOT_FOUND, "model"});
   }
+  // Limits at the door (the defaults of baton-coordinator's flags).
+  {
+    v1::GenerateRequest r = valid;
+    r.set_request_id(std::string(1000, 'x'));
+    cases.push_back({"long request_id", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "request_id: 1000 bytes, the limit is 128"});
+  }
+  {
+    v1::GenerateRequest r = valid;
+    for (int i = 0; i < 1000; ++i) {
+      r.mutable_sampling()->add_stop(std::string(200, 'a' + i % 26));
+    }
+    cases.push_back({"stop strings", r, grpc::StatusCode::INVALID_ARGUMENT,
+                     "sampling.stop: 1000 strings, the limit is 16"});
+  }
+  {
+    v1::GenerateRequest r = valid;
+    r.mutable_sampling()->add_stop(std::string(300, 'a'));
+    cases.push_back({"stop string bytes", r,
+                     grpc::StatusCode::INVALID_ARGUMENT,
+                     "sampling.stop[0]: 300 bytes, the limit is 256"});
+  }
+  {
+    v1::GenerateRequest r = valid;
+    r.set_text(std::string(5 << 20, 'a'));
+    cases.push_back({"message size", r, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     "Received message larger than max"});
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const StreamResult r = RunGenerate(cluster->baton(), c.request);

@@ -1,5 +1,7 @@
-// Every server of a cluster (the coordinator and each worker) answers the
-// standard health check and lists its services through server reflection;
+// Every server of a cluster (the coordinator's public and control ports and
+// each worker) answers the standard health check, per service too, and lists
+// and describes its services through server reflection; the control plane
+// is not on the public port;
 // `baton status` and GetClusterStatus report the workers' roles and pools.
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
@@ -7,6 +9,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/test_util.h"
 #include "gmock/gmock.h"
@@ -18,60 +21,143 @@
 namespace baton::testing {
 namespace {
 
+using ::testing::Contains;
 using ::testing::IsSupersetOf;
+using ::testing::Not;
 
+// The status a health check of `service` ("" for the server) reports.
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(
-    const std::string& address) {
+    const std::string& address, const std::string& service = "") {
   auto stub = grpc::health::v1::Health::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  const grpc::Status status =
-      stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
-  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+  const grpc::Status status = stub->Check(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << address << " '" << service
+                           << "': " << status.error_message();
   return response.status();
 }
 
-std::set<std::string> ReflectedServices(const std::string& address) {
+// One reflection request's answers (a stream of one request).
+std::vector<grpc::reflection::v1alpha::ServerReflectionResponse> Reflect(
+    const std::string& address,
+    const grpc::reflection::v1alpha::ServerReflectionRequest& request) {
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
   auto stream = stub->ServerReflectionInfo(&context);
-  grpc::reflection::v1alpha::ServerReflectionRequest request;
-  request.set_list_services("*");
   EXPECT_TRUE(stream->Write(request));
   stream->WritesDone();
-  std::set<std::string> names;
+  std::vector<grpc::reflection::v1alpha::ServerReflectionResponse> answers;
   grpc::reflection::v1alpha::ServerReflectionResponse response;
-  while (stream->Read(&response)) {
+  while (stream->Read(&response)) answers.push_back(response);
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+  return answers;
+}
+
+std::set<std::string> ReflectedServices(const std::string& address) {
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("*");
+  std::set<std::string> names;
+  for (const auto& response : Reflect(address, request)) {
     for (const auto& service : response.list_services_response().service()) {
       names.insert(service.name());
     }
   }
-  const grpc::Status status = stream->Finish();
-  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
   return names;
 }
 
+// What `grpcurl describe SYMBOL` needs: the file that defines it. "" if
+// the server sent it, else the error it answered.
+std::string DescribeError(const std::string& address,
+                          const std::string& symbol) {
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_file_containing_symbol(symbol);
+  const auto answers = Reflect(address, request);
+  if (answers.empty()) return "no answer";
+  const auto& answer = answers.front();
+  if (answer.has_error_response()) {
+    return answer.error_response().error_message();
+  }
+  return answer.file_descriptor_response().file_descriptor_proto_size() > 0
+             ? ""
+             : "no file descriptor";
+}
+
+// The public port serves the Baton API and nothing of the control plane;
+// the control port serves the Coordinator service and not the API; every
+// server's health service answers per service name and reflection can
+// describe each service it lists, the health service's too.
 TEST(ClusterServicesTest, HealthAndReflectionOnEveryServer) {
   auto cluster = LocalCluster::Start({});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  EXPECT_EQ(Health((*cluster)->address()),
-            grpc::health::v1::HealthCheckResponse::SERVING);
-  EXPECT_THAT(ReflectedServices((*cluster)->address()),
-              IsSupersetOf({"baton.v1.Baton", "baton.v1.Coordinator",
-                            "grpc.health.v1.Health"}));
+  struct Server {
+    std::string what;
+    std::string address;
+    std::string service;      // served here
+    std::string not_served;   // must not be
+  };
+  std::vector<Server> servers = {
+      {"public", (*cluster)->address(), "baton.v1.Baton",
+       "baton.v1.Coordinator"},
+      {"control", (*cluster)->control_address(), "baton.v1.Coordinator",
+       "baton.v1.Baton"}};
   for (const LocalCluster::Worker& w : (*cluster)->workers()) {
-    SCOPED_TRACE(w.role);
-    EXPECT_EQ(Health(w.address),
-              grpc::health::v1::HealthCheckResponse::SERVING);
-    EXPECT_THAT(ReflectedServices(w.address),
-                IsSupersetOf({"baton.v1.Worker", "grpc.health.v1.Health"}));
+    servers.push_back({w.role, w.address, "baton.v1.Worker", "baton.v1.Baton"});
   }
+  for (const Server& server : servers) {
+    SCOPED_TRACE(server.what);
+    EXPECT_EQ(Health(server.address),
+              grpc::health::v1::HealthCheckResponse::SERVING);
+    EXPECT_EQ(Health(server.address, server.service),
+              grpc::health::v1::HealthCheckResponse::SERVING);
+    const std::set<std::string> listed = ReflectedServices(server.address);
+    EXPECT_THAT(listed,
+                IsSupersetOf({server.service, "grpc.health.v1.Health"}));
+    EXPECT_THAT(listed, Not(Contains(server.not_served)));
+    for (const std::string& symbol : listed) {
+      EXPECT_EQ(DescribeError(server.address, symbol), "") << symbol;
+    }
+  }
+  const absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// An API client on the public port cannot reach the control plane: no
+// registering a rogue worker, no deregistering a real one.
+TEST(ClusterServicesTest, ControlPlaneIsNotOnThePublicPort) {
+  auto cluster = LocalCluster::Start({});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto on_public = v1::Coordinator::NewStub(grpc::CreateChannel(
+      (*cluster)->address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    v1::RegisterWorkerRequest request;
+    request.set_role(v1::WORKER_ROLE_DECODE);
+    request.set_address("127.0.0.1:1");
+    v1::RegisterWorkerResponse response;
+    EXPECT_EQ(on_public->RegisterWorker(&context, request, &response)
+                  .error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  {
+    grpc::ClientContext context;
+    v1::DeregisterWorkerRequest request;
+    v1::DeregisterWorkerResponse response;
+    EXPECT_EQ(on_public->DeregisterWorker(&context, request, &response)
+                  .error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // The cluster still has both workers and serves.
+  absl::Status healthy = (*cluster)->WaitHealthy(2, absl::Seconds(30));
+  EXPECT_TRUE(healthy.ok()) << healthy;
   const absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
 }

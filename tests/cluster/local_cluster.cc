@@ -15,13 +15,14 @@
 namespace baton::testing {
 namespace {
 
-// "... listening on HOST:PORT, ..." or "... listening on HOST:PORT".
-absl::StatusOr<std::string> ListeningAddress(const std::string& line) {
-  const std::string marker = "listening on ";
+// "... MARKER HOST:PORT, ..." or "... MARKER HOST:PORT" (MARKER "listening
+// on " or "control ").
+absl::StatusOr<std::string> ListeningAddress(
+    const std::string& line, const std::string& marker = "listening on ") {
   const size_t at = line.find(marker);
   if (at == std::string::npos) {
-    return absl::InternalError(
-        absl::StrCat("unexpected first line '", line, "' (no 'listening on')"));
+    return absl::InternalError(absl::StrCat("unexpected first line '", line,
+                                            "' (no '", marker, "')"));
   }
   const size_t begin = at + marker.size();
   const size_t end = line.find(',', begin);
@@ -45,7 +46,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   const std::string model = DefaultModelPath();
   std::vector<std::string> argv = {
       BinaryDir() + "/baton-coordinator", "--listen=127.0.0.1:0",
-      "--model=" + model, absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
+      "--control_listen=127.0.0.1:0", "--model=" + model, absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms)};
   if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
   argv.insert(argv.end(), options.coordinator_flags.begin(),
@@ -56,6 +57,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   auto address = ListeningAddress(cluster->coordinator_->first_line());
   if (!address.ok()) return address.status();
   cluster->address_ = *address;
+  auto control = ListeningAddress(cluster->coordinator_->first_line(),
+                                  ", control ");
+  if (!control.ok()) return control.status();
+  cluster->control_address_ = *control;
   if (options.http) {
     // "baton-coordinator http on HOST:PORT", printed after the first line.
     const std::string marker = "baton-coordinator http on ";
@@ -85,7 +90,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--model=" + model,
         absl::StrCat("--threads=", options.threads),
         absl::StrCat("--kv_cache_mib=", mib),
-        "--coordinator=" + cluster->address_};
+        "--coordinator=" + cluster->control_address_};
     argv.insert(argv.end(), options.worker_flags.begin(),
                 options.worker_flags.end());
     if (auto it = options.flags_of_worker.find(static_cast<int>(i));

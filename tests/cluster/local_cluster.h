@@ -59,7 +59,10 @@ class LocalCluster {
   // SIGTERM to every process, SIGKILL after 10 s.
   ~LocalCluster();
 
+  // The coordinator's public port (baton.v1.Baton).
   const std::string& address() const { return address_; }
+  // The coordinator's control plane (baton.v1.Coordinator; workers).
+  const std::string& control_address() const { return control_address_; }
   // "127.0.0.1:PORT" of the HTTP API; empty unless options.http.
   const std::string& http_address() const { return http_address_; }
   v1::Baton::Stub& baton() { return *baton_; }
@@ -92,6 +95,7 @@ class LocalCluster {
 
   std::unique_ptr<ChildProcess> coordinator_;
   std::string address_;
+  std::string control_address_;
   std::string http_address_;
   std::unique_ptr<v1::Baton::Stub> baton_;
   std::vector<Worker> workers_;

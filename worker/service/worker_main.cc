@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, fault, "",
           "error; points prefill_step, decode_step; see "
           "common/fault/fault_points.h); empty: off");
 ABSL_FLAG(std::string, coordinator, "",
-          "host:port of baton-coordinator; empty: run standalone");
+          "host:port of baton-coordinator's control plane (its "
+          "--control_listen); empty: run standalone");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus metrics at GET /metrics (port 0: any "
           "free port); empty: no metrics listener");
@@ -406,7 +407,8 @@ int Main() {
     return 1;
   }
 
-  auto running = StartServer(absl::GetFlag(FLAGS_listen), {service->get()});
+  auto running = StartServer(absl::GetFlag(FLAGS_listen),
+                             {{service->get(), v1::Worker::service_full_name()}});
   if (!running.ok()) {
     Log(running.status().ToString());
     return 1;
