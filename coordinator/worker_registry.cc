@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -44,21 +46,29 @@ absl::StatusOr<WorkerRef> WorkerRegistry::Register(
         WorkerRoleName(registration.role)));
   }
 
+  if (!registration.worker_id.empty()) {
+    const std::string& name = registration.worker_id;
+    const bool well_formed =
+        name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                 c == '.' || c == '_' || c == '-';
+        });
+    if (!well_formed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RegisterWorker: worker_id '", absl::CHexEscape(name.substr(0, 80)),
+          "' must be 1-64 characters of [A-Za-z0-9._-]"));
+    }
+    if (registration.incarnation == 0) {
+      return absl::InvalidArgumentError(
+          "RegisterWorker: incarnation must be != 0 with a worker_id");
+    }
+  }
+
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
-  const uint64_t epoch = next_epoch_++;
-  WorkerId id;
-  auto by_address = id_by_address_.find(registration.address);
-  if (by_address != id_by_address_.end()) {
-    id = by_address->second;
-    WorkerInfo& old = workers_.at(id);
-    if (old.health != WorkerHealth::kDown) {
-      MarkDownLocked(old, absl::StrCat("re-registered as epoch ", epoch));
-    }
-  } else {
-    id = absl::StrCat("w", next_worker_number_++);
-    id_by_address_.emplace(registration.address, id);
-  }
+  const uint64_t epoch = next_epoch_;
+  BATON_ASSIGN_OR_RETURN(const WorkerId id, ClaimIdLocked(registration, epoch));
+  ++next_epoch_;
   WorkerInfo info;
   info.ref = WorkerRef{id, epoch};
   info.registration = registration;
@@ -68,6 +78,48 @@ absl::StatusOr<WorkerRef> WorkerRegistry::Register(
   info.last_heartbeat = now;
   workers_.insert_or_assign(id, std::move(info));
   return WorkerRef{id, epoch};
+}
+
+absl::StatusOr<WorkerId> WorkerRegistry::ClaimIdLocked(
+    const WorkerRegistration& r, uint64_t epoch) {
+  WorkerId id = r.worker_id;
+  if (id.empty()) {
+    auto by_address = id_by_address_.find(r.address);
+    if (by_address != id_by_address_.end()) {
+      id = by_address->second;
+    } else {
+      id = absl::StrCat("w", next_worker_number_++);
+      id_by_address_.emplace(r.address, id);
+    }
+  } else if (auto it = workers_.find(id);
+             it != workers_.end() && it->second.health != WorkerHealth::kDown &&
+             it->second.registration.address != r.address &&
+             it->second.registration.incarnation != r.incarnation) {
+    UpdateHealthLocked(it->second, clock_->Now());
+    if (it->second.health != WorkerHealth::kDown) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "RegisterWorker: worker_id '", id, "' is held by a live worker at ",
+          it->second.registration.address, " (another incarnation); choose "
+          "another --worker_id or stop that worker"));
+    }
+  }
+  // What this registration replaces: the id's previous incarnation, and a
+  // live worker under another id at the same address (it is gone: the
+  // address is someone else's now).
+  for (auto& [other_id, info] : workers_) {
+    if (info.health == WorkerHealth::kDown) continue;
+    if (other_id == id) {
+      MarkDownLocked(info, info.registration.incarnation != r.incarnation
+                               ? absl::StrCat("restarted (incarnation ",
+                                              absl::Hex(r.incarnation),
+                                              "), now epoch ", epoch)
+                               : absl::StrCat("re-registered as epoch ", epoch));
+    } else if (info.registration.address == r.address) {
+      MarkDownLocked(info, absl::StrCat("its address ", r.address,
+                                        " now belongs to worker ", id));
+    }
+  }
+  return id;
 }
 
 absl::StatusOr<WorkerInfo*> WorkerRegistry::FindLiveLocked(

@@ -36,12 +36,22 @@ struct WorkerRegistryOptions {
   // Without a heartbeat for longer than this a worker is DOWN.
   // Requires 0 < heartbeat_interval <= suspect_after < lease_ttl.
   absl::Duration lease_ttl = absl::Seconds(5);
+  // The first registration's epoch; each later one gets the next. The
+  // coordinator starts it at the microseconds since the Unix epoch, so a
+  // restarted coordinator never hands out an epoch seen before. >= 1.
+  uint64_t first_epoch = 1;
 };
 
 // What a worker announces (RegisterWorkerRequest).
 struct WorkerRegistration {
   WorkerRole role = WorkerRole::kBoth;
-  // host:port of its Worker service; identifies the worker across restarts.
+  // The worker's own stable name (1-64 of [A-Za-z0-9._-]); empty: the
+  // registry names it "wN", one name per address.
+  std::string worker_id;
+  // Random per worker process; with worker_id, another incarnation under
+  // the same name is the worker restarted. Must be != 0 with worker_id.
+  uint64_t incarnation = 0;
+  // host:port of its Worker service.
   std::string address;
   std::string model_id;
   KvLayout kv_layout;
@@ -85,11 +95,15 @@ class WorkerRegistry {
 
   const WorkerRegistryOptions& options() const { return options_; }
 
-  // Adds a worker, or a new incarnation of the worker at the same address
-  // (same id, new epoch; the old incarnation is queued as DOWN unless it
-  // already was). InvalidArgument naming the field for an empty address or
-  // model id, a bad layout, or kv_blocks_total < 0 (or 0 for a role that
-  // decodes).
+  // Adds a worker, or a new incarnation of a known one (same id, new epoch;
+  // the old incarnation is queued as DOWN unless it already was). The id is
+  // registration.worker_id when set, else the one given to its address
+  // before (or a new "wN"). A live worker at the same address under another
+  // id is replaced too (queued DOWN). InvalidArgument naming the field for
+  // an empty address or model id, a malformed worker_id, incarnation 0 with
+  // a worker_id, a bad layout, or kv_blocks_total < 0 (or 0 for a role that
+  // decodes); AlreadyExists if worker_id names a live worker at another
+  // address with another incarnation.
   absl::StatusOr<WorkerRef> Register(const WorkerRegistration& registration);
 
   // Renews the lease and records load and leases. NotFound for an unknown id;
@@ -121,7 +135,11 @@ class WorkerRegistry {
 
  private:
   WorkerRegistry(const WorkerRegistryOptions& options, const Clock* clock)
-      : options_(options), clock_(clock) {}
+      : options_(options), clock_(clock), next_epoch_(options.first_epoch) {}
+  // The id a registration gets (see Register); marks what it replaces DOWN.
+  absl::StatusOr<WorkerId> ClaimIdLocked(const WorkerRegistration& r,
+                                         uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // NotFound / FailedPrecondition for an unusable (worker, epoch).
   absl::StatusOr<WorkerInfo*> FindLiveLocked(const WorkerRef& worker)
@@ -139,7 +157,7 @@ class WorkerRegistry {
   std::map<std::string, WorkerId> id_by_address_ ABSL_GUARDED_BY(mu_);
   std::vector<DownEvent> pending_down_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton::coordinator

@@ -230,5 +230,72 @@ TEST_F(WorkerRegistryTest, DrainAndRemove) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+WorkerRegistration Named(std::string name, uint64_t incarnation,
+                         std::string address) {
+  WorkerRegistration reg = Reg(WorkerRole::kDecode, std::move(address));
+  reg.worker_id = std::move(name);
+  reg.incarnation = incarnation;
+  return reg;
+}
+
+TEST_F(WorkerRegistryTest, NamedWorkerRestartReplacesItsOldIncarnation) {
+  WorkerRef first = *registry_->Register(Named("decode-a", 7, "h:1"));
+  EXPECT_EQ(first.id, "decode-a");
+  // Restarted on another port: same name, new incarnation.
+  auto second = registry_->Register(Named("decode-a", 8, "h:2"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->id, "decode-a");
+  EXPECT_GT(second->epoch, first.epoch);
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, first);
+  EXPECT_THAT(down[0].reason, HasSubstr("restarted (incarnation 8)"));
+  ASSERT_EQ(registry_->List().size(), 1u);
+  EXPECT_EQ(registry_->List()[0].registration.address, "h:2");
+  // The old incarnation's heartbeat is told to register again.
+  EXPECT_EQ(registry_->Heartbeat(first, {.kv_blocks_total = 100}, {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(WorkerRegistryTest, LiveNameIsRefusedToAnotherWorker) {
+  ASSERT_TRUE(registry_->Register(Named("decode-a", 7, "h:1")).ok());
+  auto thief = registry_->Register(Named("decode-a", 9, "evil:1"));
+  EXPECT_EQ(thief.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(thief.status().message(), HasSubstr("held by a live worker"));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  // Once the holder's lease has expired the name is free again.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_TRUE(registry_->Register(Named("decode-a", 9, "other:1")).ok());
+}
+
+TEST_F(WorkerRegistryTest, AnAddressTakenOverRetiresItsFormerWorker) {
+  WorkerRef old = *registry_->Register(Named("decode-a", 7, "h:1"));
+  ASSERT_TRUE(registry_->Register(Named("decode-b", 3, "h:1")).ok());
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, old);
+  EXPECT_THAT(down[0].reason, HasSubstr("now belongs to worker decode-b"));
+}
+
+TEST_F(WorkerRegistryTest, MalformedNamesAndMissingIncarnation) {
+  for (const std::string& bad :
+       {std::string(65, 'a'), std::string("a b"), std::string("w/1")}) {
+    EXPECT_EQ(registry_->Register(Named(bad, 1, "h:1")).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  auto no_incarnation = registry_->Register(Named("ok", 0, "h:1"));
+  EXPECT_THAT(no_incarnation.status().message(), HasSubstr("incarnation"));
+}
+
+TEST_F(WorkerRegistryTest, EpochsStartWhereTheOptionsSay) {
+  WorkerRegistryOptions options;
+  options.first_epoch = 1'000'000;
+  auto registry = WorkerRegistry::Create(options, &clock_);
+  ASSERT_TRUE(registry.ok());
+  EXPECT_EQ((*registry)->Register(Named("a", 1, "h:1"))->epoch, 1'000'000u);
+  EXPECT_EQ((*registry)->Register(Named("b", 1, "h:2"))->epoch, 1'000'001u);
+}
+
 }  // namespace
 }  // namespace baton::coordinator

@@ -82,10 +82,11 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (and 50x in the matmul kernels): to keep CI within
 # its time, its cluster subset is client cancel, deadline expiry and the
 # health checks; the other cluster tests run under ASan only. (Frozen and
-# killed workers also make gRPC's uninstrumented cancellation paths report
+# killed workers, and the killed coordinator of the restart test, also make
+# gRPC's uninstrumented cancellation paths report
 # races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
 # and the in-process coordinator + workers metrics test (gRPC client and
 # server in one uninstrumented library) run under ASan only.
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|$DEVICE_TOKEN_CHECKS"

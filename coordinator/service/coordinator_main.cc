@@ -114,6 +114,9 @@ int Main() {
   options.policy = absl::GetFlag(FLAGS_policy);
   options.registry.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.registry.lease_ttl = absl::Milliseconds(lease_ms);
+  // Epochs never repeat across restarts: they start at this start's time.
+  options.registry.first_epoch =
+      static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
   options.registry.suspect_after = absl::Milliseconds(
       std::max(heartbeat_ms * 2, (heartbeat_ms + lease_ms) / 2));
   if (options.registry.suspect_after >= options.registry.lease_ttl) {

@@ -123,6 +123,8 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
   }
   WorkerRegistration registration;
   registration.role = *role;
+  registration.worker_id = request->worker_id();
+  registration.incarnation = request->incarnation();
   registration.address = request->address();
   registration.model_id = request->model_id();
   registration.kv_layout = *layout;

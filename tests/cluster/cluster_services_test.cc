@@ -6,7 +6,9 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +18,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "tests/cluster/cluster_fault_util.h"
+#include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
 
 namespace baton::testing {
@@ -158,6 +162,64 @@ TEST(ClusterServicesTest, ControlPlaneIsNotOnThePublicPort) {
   // The cluster still has both workers and serves.
   absl::Status healthy = (*cluster)->WaitHealthy(2, absl::Seconds(30));
   EXPECT_TRUE(healthy.ok()) << healthy;
+  const absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// Workers name themselves (a stable worker_id and a random incarnation), so
+// a coordinator killed and restarted on the same ports gets every worker
+// back exactly once, under the same name, with epochs it never handed out
+// before; heartbeats the new coordinator does not know are told to
+// register again. Each wait is on the registrations (bounded only against
+// a hang), and a request succeeds after every restart.
+TEST(ClusterServicesTest, CoordinatorRestartsGetEveryWorkerBackOnce) {
+  LocalClusterOptions options;
+  options.prefill = 2;
+  options.decode = 1;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  constexpr int kWorkers = 3;
+  auto status_now = [&] {
+    v1::GetClusterStatusResponse status;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    const grpc::Status rpc =
+        (*cluster)->baton().GetClusterStatus(&context, {}, &status);
+    EXPECT_TRUE(rpc.ok()) << rpc.error_message();
+    return status;
+  };
+  std::map<std::string, std::string> name_of_address;  // stable names
+  uint64_t last_max_epoch = 0;
+  for (const v1::WorkerStatus& w : status_now().workers()) {
+    name_of_address[w.worker().address()] = w.worker().worker_id();
+    last_max_epoch = std::max(last_max_epoch, w.epoch());
+  }
+  ASSERT_EQ(name_of_address.size(), static_cast<size_t>(kWorkers));
+  for (int restart = 1; restart <= 20; ++restart) {
+    SCOPED_TRACE(absl::StrCat("restart ", restart));
+    const absl::Status restarted = (*cluster)->RestartCoordinator();
+    ASSERT_TRUE(restarted.ok()) << restarted;
+    const absl::Status healthy =
+        (*cluster)->WaitHealthy(kWorkers, absl::Seconds(60));
+    ASSERT_TRUE(healthy.ok()) << healthy;
+    const v1::GetClusterStatusResponse status = status_now();
+    ASSERT_EQ(status.workers_size(), kWorkers);
+    std::set<std::string> seen;
+    uint64_t min_epoch = UINT64_MAX, max_epoch = 0;
+    for (const v1::WorkerStatus& w : status.workers()) {
+      EXPECT_TRUE(seen.insert(w.worker().address()).second)
+          << w.worker().address() << " registered twice";
+      EXPECT_EQ(w.worker().worker_id(), name_of_address[w.worker().address()]);
+      min_epoch = std::min(min_epoch, w.epoch());
+      max_epoch = std::max(max_epoch, w.epoch());
+    }
+    EXPECT_GT(min_epoch, last_max_epoch) << "an epoch was handed out again";
+    last_max_epoch = max_epoch;
+    const StreamResult result =
+        RunGenerate((*cluster)->baton(), LongRequest(0, 4));
+    EXPECT_TRUE(result.status.ok()) << Describe(result);
+  }
   const absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
 }

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/test_util.h"
 #include "tests/cluster/cluster_test_util.h"
 
@@ -51,23 +53,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
   argv.insert(argv.end(), options.coordinator_flags.begin(),
               options.coordinator_flags.end());
-  auto coordinator = ChildProcess::Spawn(argv, absl::Seconds(30));
-  if (!coordinator.ok()) return coordinator.status();
-  cluster->coordinator_ = std::move(*coordinator);
-  auto address = ListeningAddress(cluster->coordinator_->first_line());
-  if (!address.ok()) return address.status();
-  cluster->address_ = *address;
-  auto control = ListeningAddress(cluster->coordinator_->first_line(),
-                                  ", control ");
-  if (!control.ok()) return control.status();
-  cluster->control_address_ = *control;
-  if (options.http) {
-    // "baton-coordinator http on HOST:PORT", printed after the first line.
-    const std::string marker = "baton-coordinator http on ";
-    auto line = cluster->coordinator_->WaitForLine(marker, absl::Seconds(10));
-    if (!line.ok()) return line.status();
-    cluster->http_address_ = line->substr(marker.size());
-  }
+  cluster->coordinator_argv_ = std::move(argv);
+  cluster->http_ = options.http;
+  BATON_RETURN_IF_ERROR(cluster->SpawnCoordinator());
   cluster->baton_ = v1::Baton::NewStub(grpc::CreateChannel(
       cluster->address_, grpc::InsecureChannelCredentials()));
 
@@ -122,6 +110,41 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (!healthy.ok()) return healthy;
   }
   return cluster;
+}
+
+absl::Status LocalCluster::SpawnCoordinator() {
+  auto coordinator = ChildProcess::Spawn(coordinator_argv_, absl::Seconds(30));
+  if (!coordinator.ok()) return coordinator.status();
+  coordinator_ = std::move(*coordinator);
+  BATON_ASSIGN_OR_RETURN(address_,
+                         ListeningAddress(coordinator_->first_line()));
+  BATON_ASSIGN_OR_RETURN(
+      control_address_,
+      ListeningAddress(coordinator_->first_line(), ", control "));
+  if (http_) {
+    // "baton-coordinator http on HOST:PORT", printed after the first line.
+    const std::string marker = "baton-coordinator http on ";
+    auto line = coordinator_->WaitForLine(marker, absl::Seconds(10));
+    if (!line.ok()) return line.status();
+    http_address_ = line->substr(marker.size());
+  }
+  // A restart binds the same ports.
+  for (std::string& arg : coordinator_argv_) {
+    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + address_;
+    if (absl::StartsWith(arg, "--control_listen=")) {
+      arg = "--control_listen=" + control_address_;
+    }
+    if (http_ && absl::StartsWith(arg, "--http_listen=")) {
+      arg = "--http_listen=" + http_address_;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(absl::Seconds(10)).IgnoreError();
+  return SpawnCoordinator();
 }
 
 LocalCluster::~LocalCluster() {

@@ -82,6 +82,10 @@ class LocalCluster {
   absl::Status StopWorker(int index);
   // SIGKILL to worker `index`, reaped before returning.
   void Kill(int index);
+  // SIGKILL to the coordinator, then a new one on the same public and
+  // control ports (the workers find it there and register again); returns
+  // once it listens, without waiting for the workers.
+  absl::Status RestartCoordinator();
   // Until a worker stops itself (--fault=POINT:stop); its index. The
   // timeout only guards against a hang: the stop is an event of the
   // request, not of the clock. DeadlineExceeded naming the timeout.
@@ -93,6 +97,12 @@ class LocalCluster {
  private:
   LocalCluster() = default;
 
+  // Spawns the coordinator from coordinator_argv_ and reads its addresses
+  // (the ports it bound become part of coordinator_argv_ for restarts).
+  absl::Status SpawnCoordinator();
+
+  std::vector<std::string> coordinator_argv_;
+  bool http_ = false;
   std::unique_ptr<ChildProcess> coordinator_;
   std::string address_;
   std::string control_address_;

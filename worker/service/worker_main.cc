@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -74,6 +75,10 @@ ABSL_FLAG(std::string, fault, "",
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator's control plane (its "
           "--control_listen); empty: run standalone");
+ABSL_FLAG(std::string, worker_id, "",
+          "this worker's stable name with every coordinator (1-64 of "
+          "[A-Za-z0-9._-]); empty: a random one, 'w-' and 8 hex digits, "
+          "drawn at start");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus metrics at GET /metrics (port 0: any "
           "free port); empty: no metrics listener");
@@ -441,6 +446,20 @@ int Main() {
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
     v1::RegisterWorkerRequest request;
     request.set_role(*role);
+    // A stable name and a fresh incarnation: coordinators (restarted ones
+    // too) all name this worker the same, and know a restart when they
+    // see one.
+    std::random_device random;
+    std::string worker_id = absl::GetFlag(FLAGS_worker_id);
+    if (worker_id.empty()) {
+      worker_id = absl::StrCat("w-", absl::Hex(random(), absl::kZeroPad8));
+    }
+    uint64_t incarnation = 0;
+    while (incarnation == 0) {
+      incarnation = (uint64_t{random()} << 32) | random();
+    }
+    request.set_worker_id(worker_id);
+    request.set_incarnation(incarnation);
     request.set_address(address);
     request.set_model_id(options.model_id);
     *request.mutable_kv_layout() = ToProto((*engine)->kv_cache().layout());
