@@ -58,6 +58,9 @@ WorkerService::WorkerService(const WorkerServiceOptions& options,
           WorkerRoleLabel(options.role))) {}
 
 WorkerService::~WorkerService() {
+  // No reactor's on_cancel reaches the service from here on (the gRPC
+  // server's shutdown cancels the streams still open, on its own threads).
+  cancel_gate_->Close();
   scrape_hook_.reset();
   receiver_.reset();
   device_receiver_.reset();
@@ -73,6 +76,13 @@ WorkerService::~WorkerService() {
     }
   }
   imports_.clear();
+}
+
+std::function<void()> WorkerService::CancelOnClientGone(std::string id,
+                                                        const char* reason) {
+  return [this, gate = cancel_gate_, id = std::move(id), reason] {
+    gate->Run([&] { CancelRequest(id, reason); });
+  };
 }
 
 std::string WorkerService::kv_endpoint() const {
@@ -242,7 +252,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
     absl::MutexLock lock(&mu_);
     running_.insert(id);
   }
-  reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  reactor->SetOnCancel(CancelOnClientGone(id, "prefill cancelled"));
   queued_prefill_tokens_ += prompt_tokens;
   // Engine thread only: the prompt has been prefilled.
   auto prefilled = std::make_shared<bool>(false);
@@ -317,7 +327,7 @@ absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
     locals_[local->id] = local;
   }
   const std::string id = local->id;
-  reactor->SetOnCancel([this, id] { CancelRequest(id, "prefill cancelled"); });
+  reactor->SetOnCancel(CancelOnClientGone(id, "prefill cancelled"));
   queued_prefill_tokens_ += local->prompt_tokens;
   absl::Status status = engine_->Submit(
       std::move(generation),

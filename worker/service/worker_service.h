@@ -32,6 +32,7 @@
 #include "common/metrics/metrics.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_sink.h"
+#include "worker/service/callback_gate.h"
 #include "worker/service/engine_loop.h"
 #include "worker/service/stream_reactor.h"
 #include "worker/service/worker_metrics.h"
@@ -205,6 +206,10 @@ class WorkerService final : public v1::Worker::CallbackService {
                                   DecodeReactor* reactor,
                                   std::chrono::steady_clock::time_point arrival)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reactor's on_cancel for request `id`: cancels it on this worker,
+  // through cancel_gate_ (gRPC may call it while the service is being
+  // destroyed; after the destructor's first step it does nothing).
+  std::function<void()> CancelOnClientGone(std::string id, const char* reason);
   // StartImportedDecode for a landed import; closes the reactor on error.
   void StartImportedDecode(const v1::DecodeRequest& request,
                            DecodeReactor* reactor,
@@ -212,6 +217,9 @@ class WorkerService final : public v1::Worker::CallbackService {
 
   const WorkerServiceOptions options_;
   Engine* const engine_;
+  // Shared with every reactor's on_cancel; closed first at destruction.
+  const std::shared_ptr<CallbackGate> cancel_gate_ =
+      std::make_shared<CallbackGate>();
   std::unique_ptr<TcpKvReceiver> receiver_;
   std::unique_ptr<KvReceiver> device_receiver_;  // see start_device_receiver
   // Idle connections to decode workers' KV receivers, reused by the next

@@ -179,7 +179,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     reactor->Close(ToGrpcStatus(invalid));
     return reactor;
   }
-  reactor->SetOnCancel([this, id] { CancelRequest(id, "decode cancelled"); });
+  reactor->SetOnCancel(CancelOnClientGone(id, "decode cancelled"));
   absl::Status landed;
   {
     absl::MutexLock lock(&mu_);
