@@ -105,14 +105,13 @@ TEST(ClusterServicesTest, HealthAndReflectionOnEveryServer) {
   struct Server {
     std::string what;
     std::string address;
-    std::string service;      // served here
-    std::string not_served;   // must not be
+    std::string service;     // served here
+    std::string not_served;  // must not be
   };
-  std::vector<Server> servers = {
-      {"public", (*cluster)->address(), "baton.v1.Baton",
-       "baton.v1.Coordinator"},
-      {"control", (*cluster)->control_address(), "baton.v1.Coordinator",
-       "baton.v1.Baton"}};
+  std::vector<Server> servers = {{"public", (*cluster)->address(),
+                                  "baton.v1.Baton", "baton.v1.Coordinator"},
+                                 {"control", (*cluster)->control_address(),
+                                  "baton.v1.Coordinator", "baton.v1.Baton"}};
   for (const LocalCluster::Worker& w : (*cluster)->workers()) {
     servers.push_back({w.role, w.address, "baton.v1.Worker", "baton.v1.Baton"});
   }
@@ -123,8 +122,8 @@ TEST(ClusterServicesTest, HealthAndReflectionOnEveryServer) {
     EXPECT_EQ(Health(server.address, server.service),
               grpc::health::v1::HealthCheckResponse::SERVING);
     const std::set<std::string> listed = ReflectedServices(server.address);
-    EXPECT_THAT(listed,
-                IsSupersetOf({server.service, "grpc.health.v1.Health"}));
+    EXPECT_THAT(listed, IsSupersetOf(std::vector<std::string>{
+                            server.service, "grpc.health.v1.Health"}));
     EXPECT_THAT(listed, Not(Contains(server.not_served)));
     for (const std::string& symbol : listed) {
       EXPECT_EQ(DescribeError(server.address, symbol), "") << symbol;
@@ -147,17 +146,17 @@ TEST(ClusterServicesTest, ControlPlaneIsNotOnThePublicPort) {
     request.set_role(v1::WORKER_ROLE_DECODE);
     request.set_address("127.0.0.1:1");
     v1::RegisterWorkerResponse response;
-    EXPECT_EQ(on_public->RegisterWorker(&context, request, &response)
-                  .error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(
+        on_public->RegisterWorker(&context, request, &response).error_code(),
+        grpc::StatusCode::UNIMPLEMENTED);
   }
   {
     grpc::ClientContext context;
     v1::DeregisterWorkerRequest request;
     v1::DeregisterWorkerResponse response;
-    EXPECT_EQ(on_public->DeregisterWorker(&context, request, &response)
-                  .error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(
+        on_public->DeregisterWorker(&context, request, &response).error_code(),
+        grpc::StatusCode::UNIMPLEMENTED);
   }
   // The cluster still has both workers and serves.
   absl::Status healthy = (*cluster)->WaitHealthy(2, absl::Seconds(30));
