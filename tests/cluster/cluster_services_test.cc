@@ -190,7 +190,8 @@ TEST(ClusterServicesTest, CoordinatorRestartsGetEveryWorkerBackOnce) {
   };
   std::map<std::string, std::string> name_of_address;  // stable names
   uint64_t last_max_epoch = 0;
-  for (const v1::WorkerStatus& w : status_now().workers()) {
+  const v1::GetClusterStatusResponse first = status_now();
+  for (const v1::WorkerStatus& w : first.workers()) {
     name_of_address[w.worker().address()] = w.worker().worker_id();
     last_max_epoch = std::max(last_max_epoch, w.epoch());
   }
