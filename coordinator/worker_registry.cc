@@ -99,7 +99,8 @@ absl::StatusOr<WorkerId> WorkerRegistry::ClaimIdLocked(
     if (it->second.health != WorkerHealth::kDown) {
       return absl::AlreadyExistsError(absl::StrCat(
           "RegisterWorker: worker_id '", id, "' is held by a live worker at ",
-          it->second.registration.address, " (another incarnation); choose "
+          it->second.registration.address,
+          " (another incarnation); choose "
           "another --worker_id or stop that worker"));
     }
   }
@@ -109,11 +110,12 @@ absl::StatusOr<WorkerId> WorkerRegistry::ClaimIdLocked(
   for (auto& [other_id, info] : workers_) {
     if (info.health == WorkerHealth::kDown) continue;
     if (other_id == id) {
-      MarkDownLocked(info, info.registration.incarnation != r.incarnation
-                               ? absl::StrCat("restarted (incarnation ",
-                                              absl::Hex(r.incarnation),
-                                              "), now epoch ", epoch)
-                               : absl::StrCat("re-registered as epoch ", epoch));
+      MarkDownLocked(
+          info,
+          info.registration.incarnation != r.incarnation
+              ? absl::StrCat("restarted (incarnation ",
+                             absl::Hex(r.incarnation), "), now epoch ", epoch)
+              : absl::StrCat("re-registered as epoch ", epoch));
     } else if (info.registration.address == r.address) {
       MarkDownLocked(info, absl::StrCat("its address ", r.address,
                                         " now belongs to worker ", id));

@@ -25,11 +25,11 @@
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics/metrics.h"
-#include "coordinator/service/request_limits.h"
 #include "coordinator/clock.h"
 #include "coordinator/request_state_machine.h"
 #include "coordinator/routing_policy.h"
 #include "coordinator/service/coordinator_metrics.h"
+#include "coordinator/service/request_limits.h"
 #include "coordinator/service/served_model.h"
 #include "coordinator/worker_registry.h"
 

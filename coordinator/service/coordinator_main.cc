@@ -66,8 +66,7 @@ ABSL_FLAG(int32_t, max_receive_bytes, 4 << 20,
           "RESOURCE_EXHAUSTED)");
 // Request limits (coordinator/service/request_limits.h): over one, a request
 // is INVALID_ARGUMENT (HTTP 400) naming the field and the limit.
-ABSL_FLAG(int64_t, max_request_id_bytes, 128,
-          "bytes of a client's request_id");
+ABSL_FLAG(int64_t, max_request_id_bytes, 128, "bytes of a client's request_id");
 ABSL_FLAG(int64_t, max_stop_strings, 16, "stop strings of one request");
 ABSL_FLAG(int64_t, max_stop_string_bytes, 256, "bytes of one stop string");
 ABSL_FLAG(int64_t, max_stop_bytes_total, 1024,

@@ -112,11 +112,11 @@ class CoordinatorGenerateMetricsTest : public testing::DefaultModelTest {
     coordinator_.api =
         std::make_unique<BatonService>(coordinator_.cluster.get());
     // One server for both planes: this test needs no separation.
-    auto running = StartServer(
-        "127.0.0.1:0",
-        {{coordinator_.control_plane.get(),
-          v1::Coordinator::service_full_name()},
-         {coordinator_.api.get(), v1::Baton::service_full_name()}});
+    auto running =
+        StartServer("127.0.0.1:0",
+                    {{coordinator_.control_plane.get(),
+                      v1::Coordinator::service_full_name()},
+                     {coordinator_.api.get(), v1::Baton::service_full_name()}});
     ASSERT_TRUE(running.ok()) << running.status();
     coordinator_.server = std::move(running->server);
     auto channel = grpc::CreateChannel(running->address,
@@ -140,8 +140,9 @@ class CoordinatorGenerateMetricsTest : public testing::DefaultModelTest {
     auto service = WorkerService::Create(options, worker->engine.get());
     ASSERT_TRUE(service.ok()) << service.status();
     worker->service = std::move(*service);
-    auto running = StartServer(
-        "127.0.0.1:0", {{worker->service.get(), v1::Worker::service_full_name()}});
+    auto running =
+        StartServer("127.0.0.1:0",
+                    {{worker->service.get(), v1::Worker::service_full_name()}});
     ASSERT_TRUE(running.ok()) << running.status();
     worker->server = std::move(running->server);
     worker->address = running->address;

@@ -9,9 +9,8 @@ namespace {
 
 absl::Status Over(const std::string& what, int64_t got, const char* unit,
                   int64_t limit, const char* flag) {
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", got, " ", unit,
-                                                 ", the limit is ", limit,
-                                                 " (--", flag, ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", got, " ", unit, ", the limit is ", limit, " (--", flag, ")"));
 }
 
 }  // namespace
@@ -67,7 +66,8 @@ absl::Status CheckRequestLimits(const RequestLimits& limits,
                     limits.max_chat_messages, "max_chat_messages");
       }
       for (const v1::ChatMessage& m : request.chat().messages()) {
-        prompt_bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+        prompt_bytes +=
+            static_cast<int64_t>(m.role().size() + m.content().size());
       }
       break;
     }

@@ -250,8 +250,7 @@ TEST(ClusterFaultTest, MalformedRequestsNameTheField) {
   {
     v1::GenerateRequest r = valid;
     r.mutable_sampling()->add_stop(std::string(300, 'a'));
-    cases.push_back({"stop string bytes", r,
-                     grpc::StatusCode::INVALID_ARGUMENT,
+    cases.push_back({"stop string bytes", r, grpc::StatusCode::INVALID_ARGUMENT,
                      "sampling.stop[0]: 300 bytes, the limit is 256"});
   }
   {

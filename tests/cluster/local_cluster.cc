@@ -23,8 +23,8 @@ absl::StatusOr<std::string> ListeningAddress(
     const std::string& line, const std::string& marker = "listening on ") {
   const size_t at = line.find(marker);
   if (at == std::string::npos) {
-    return absl::InternalError(absl::StrCat("unexpected first line '", line,
-                                            "' (no '", marker, "')"));
+    return absl::InternalError(
+        absl::StrCat("unexpected first line '", line, "' (no '", marker, "')"));
   }
   const size_t begin = at + marker.size();
   const size_t end = line.find(',', begin);
@@ -47,8 +47,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
   const std::string model = DefaultModelPath();
   std::vector<std::string> argv = {
-      BinaryDir() + "/baton-coordinator", "--listen=127.0.0.1:0",
-      "--control_listen=127.0.0.1:0", "--model=" + model, absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
+      BinaryDir() + "/baton-coordinator",
+      "--listen=127.0.0.1:0",
+      "--control_listen=127.0.0.1:0",
+      "--model=" + model,
+      absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms)};
   if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
   argv.insert(argv.end(), options.coordinator_flags.begin(),

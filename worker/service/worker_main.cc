@@ -412,8 +412,9 @@ int Main() {
     return 1;
   }
 
-  auto running = StartServer(absl::GetFlag(FLAGS_listen),
-                             {{service->get(), v1::Worker::service_full_name()}});
+  auto running =
+      StartServer(absl::GetFlag(FLAGS_listen),
+                  {{service->get(), v1::Worker::service_full_name()}});
   if (!running.ok()) {
     Log(running.status().ToString());
     return 1;
