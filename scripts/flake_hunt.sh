@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Repeats the timing-sensitive tests (ctest labels `sanitize` and `timing`:
-# the cluster, fault, transport, HTTP and coordinator tests) under `ctest -j2`
+# the cluster, fault, transport, HTTP and coordinator tests; `sanitize` alone
+# in a sanitizer tree, as scripts/test.sh runs it) under `ctest -j2`
 # as CI runs them, and prints a table of runs and failures per test.
 #
 #   scripts/flake_hunt.sh [N] [options]
@@ -90,7 +91,13 @@ case "$SLOW" in
     ;;
 esac
 
-ctest_args=(-L 'sanitize|timing')
+# A sanitizer tree holds only what scripts/test.sh builds there, and CI
+# runs its `sanitize` tests alone; the main tree runs `timing` ones too.
+labels='sanitize|timing'
+if grep -q '^BATON_SANITIZE:STRING=..*' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  labels='sanitize'
+fi
+ctest_args=(-L "$labels")
 [ -n "$REGEX" ] && ctest_args+=(-R "$REGEX")
 [ -n "$EXCLUDE" ] && ctest_args+=(-E "$EXCLUDE")
 
