@@ -94,7 +94,8 @@ esac
 # A sanitizer tree holds only what scripts/test.sh builds there, and CI
 # runs its `sanitize` tests alone; the main tree runs `timing` ones too.
 labels='sanitize|timing'
-if grep -q '^BATON_SANITIZE:STRING=..*' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+sanitizer=$(sed -n 's/^BATON_SANITIZE:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+if [ -n "$sanitizer" ] && [ "$sanitizer" != OFF ]; then
   labels='sanitize'
 fi
 ctest_args=(-L "$labels")
