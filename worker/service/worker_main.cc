@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -38,6 +37,7 @@
 #include "worker/engine/fault_injecting_runner.h"
 #include "worker/service/device_flag.h"
 #include "worker/service/proto_convert.h"
+#include "worker/service/registrar.h"
 #include "worker/service/worker_service.h"
 #if BATON_WORKER_CUDA
 #include "worker/cuda/cuda_engine_runner.h"
@@ -110,122 +110,6 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
   *host = address.substr(0, colon);
   return absl::OkStatus();
 }
-
-// Registers with the coordinator, then heartbeats until `stop`; registers
-// again when the coordinator no longer knows this worker.
-class Registrar {
- public:
-  // `healthy` is polled before every heartbeat; once it returns an error
-  // the worker deregisters and stops heartbeating.
-  Registrar(const std::string& coordinator, v1::RegisterWorkerRequest request,
-            WorkerService* service, std::function<absl::Status()> healthy)
-      : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(
-            coordinator, grpc::InsecureChannelCredentials()))),
-        request_(std::move(request)),
-        service_(service),
-        healthy_(std::move(healthy)),
-        thread_([this] { Run(); }) {}
-  ~Registrar() {
-    stop_.Notify();
-    thread_.join();
-    Deregister();
-  }
-
- private:
-  void Deregister() {
-    if (!worker_id_.empty()) {
-      v1::DeregisterWorkerRequest request;
-      request.set_worker_id(worker_id_);
-      request.set_epoch(epoch_);
-      v1::DeregisterWorkerResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::seconds(1));
-      stub_->DeregisterWorker(&context, request, &response).ok();
-      worker_id_.clear();
-    }
-  }
-
-  static void SetDeadline(grpc::ClientContext* context) {
-    context->set_deadline(std::chrono::system_clock::now() +
-                          std::chrono::seconds(2));
-  }
-
-  void Run() {
-    absl::Duration wait = absl::ZeroDuration();
-    while (!stop_.WaitForNotificationWithTimeout(wait)) {
-      if (absl::Status health = healthy_(); !health.ok()) {
-        Log(absl::StrCat("unhealthy, deregistering: ", health.ToString()));
-        Deregister();
-        return;
-      }
-      if (worker_id_.empty()) {
-        v1::RegisterWorkerResponse response;
-        grpc::ClientContext context;
-        SetDeadline(&context);
-        const grpc::Status status =
-            stub_->RegisterWorker(&context, request_, &response);
-        if (!status.ok()) {
-          Log(absl::StrCat("register failed (", status.error_message(),
-                           "); retrying"));
-          wait = absl::Seconds(1);
-          continue;
-        }
-        worker_id_ = response.worker_id();
-        epoch_ = response.epoch();
-        interval_ = absl::Milliseconds(response.heartbeat_interval_ms() > 0
-                                           ? response.heartbeat_interval_ms()
-                                           : 500.0);
-        service_->SetWorkerRef(worker_id_, request_.address());
-        Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
-      }
-      v1::HeartbeatRequest heartbeat;
-      heartbeat.set_worker_id(worker_id_);
-      heartbeat.set_epoch(epoch_);
-      *heartbeat.mutable_load() = service_->Load();
-      for (const std::string& id : service_->LeasedRequestIds()) {
-        heartbeat.add_leased_request_ids(id);
-      }
-      v1::HeartbeatResponse response;
-      grpc::ClientContext context;
-      SetDeadline(&context);
-      const grpc::Status status =
-          stub_->Heartbeat(&context, heartbeat, &response);
-      if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
-          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-        Log(absl::StrCat("coordinator dropped this worker (",
-                         status.error_message(), "); re-registering"));
-        for (const std::string& id : service_->LeasedRequestIds()) {
-          service_->CancelRequest(id, "stale registration");
-        }
-        worker_id_.clear();
-        wait = absl::ZeroDuration();
-        continue;
-      }
-      if (!status.ok()) {
-        Log(absl::StrCat("heartbeat failed (", status.error_message(), ")"));
-      }
-      for (const std::string& id : response.orphaned_request_ids()) {
-        service_->CancelRequest(id, "orphaned");
-      }
-      for (const std::string& id : service_->ExpireReservations()) {
-        Log(absl::StrCat("KV reservation of ", id,
-                         " expired before its transfer started"));
-      }
-      wait = interval_;
-    }
-  }
-
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  const v1::RegisterWorkerRequest request_;
-  WorkerService* const service_;
-  const std::function<absl::Status()> healthy_;
-  absl::Notification stop_;
-  std::string worker_id_;  // empty until registered; Run's thread only
-  uint64_t epoch_ = 0;
-  absl::Duration interval_ = absl::Milliseconds(500);
-  std::thread thread_;
-};
 
 // Turns the gRPC health service to NOT_SERVING once the engine reports a
 // device fault (polled every 250 ms).
@@ -450,17 +334,7 @@ int Main() {
     // A stable name and a fresh incarnation: coordinators (restarted ones
     // too) all name this worker the same, and know a restart when they
     // see one.
-    std::random_device random;
-    std::string worker_id = absl::GetFlag(FLAGS_worker_id);
-    if (worker_id.empty()) {
-      worker_id = absl::StrCat("w-", absl::Hex(random(), absl::kZeroPad8));
-    }
-    uint64_t incarnation = 0;
-    while (incarnation == 0) {
-      incarnation = (uint64_t{random()} << 32) | random();
-    }
-    request.set_worker_id(worker_id);
-    request.set_incarnation(incarnation);
+    SetWorkerIdentity(absl::GetFlag(FLAGS_worker_id), &request);
     request.set_address(address);
     request.set_model_id(options.model_id);
     *request.mutable_kv_layout() = ToProto((*engine)->kv_cache().layout());
