@@ -291,8 +291,9 @@ absl::Status RunRemoteGenerate(const RemoteGenerateOptions& options,
   BATON_RETURN_IF_ERROR(ValidateSamplingFields(sampling));
   const bool json = g.json || !g.prompts_file.empty();
 
-  auto stub = v1::Baton::NewStub(
-      grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials()));
+  BATON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         OpenChannel(options.server, options.security));
+  auto stub = v1::Baton::NewStub(channel);
   absl::Mutex mu;
   int pending = static_cast<int>(prompts.size());
   std::vector<std::unique_ptr<GenerateCall>> calls;

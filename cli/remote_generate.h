@@ -13,6 +13,7 @@
 #include "baton/v1/api.pb.h"
 #include "baton/v1/types.pb.h"
 #include "cli/generate_command.h"
+#include "common/auth/bearer_interceptor.h"
 #include "nlohmann/json.hpp"
 #include "worker/sampler/sampling_params.h"
 
@@ -21,6 +22,8 @@ namespace baton::cli {
 struct RemoteGenerateOptions {
   // host:port of the coordinator's Baton service. Required.
   std::string server;
+  // TLS and API key (plaintext, no key by default).
+  ClientSecurity security;
   // Model id as ListModels names it; empty: the only model served.
   std::string model_id;
   // Client deadline of each Generate RPC in milliseconds; 0: none.

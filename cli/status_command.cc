@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "baton/v1/api.grpc.pb.h"
+#include "common/status_macros.h"
 
 namespace baton::cli {
 namespace {
@@ -112,8 +113,9 @@ absl::Status RunStatus(const StatusOptions& options, std::ostream& out) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--deadline_ms must be >= 0 (0 = none), got ", options.deadline_ms));
   }
-  auto stub = v1::Baton::NewStub(
-      grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials()));
+  BATON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         OpenChannel(options.server, options.security));
+  auto stub = v1::Baton::NewStub(channel);
   grpc::ClientContext context;
   if (options.deadline_ms > 0) {
     context.set_deadline(std::chrono::system_clock::now() +

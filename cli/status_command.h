@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "baton/v1/api.pb.h"
+#include "common/auth/bearer_interceptor.h"
 #include "nlohmann/json.hpp"
 
 namespace baton::cli {
@@ -16,6 +17,8 @@ namespace baton::cli {
 struct StatusOptions {
   // host:port of the coordinator's Baton service. Required.
   std::string server;
+  // TLS and API key (plaintext, no key by default).
+  ClientSecurity security;
   // Also list workers whose lease expired.
   bool include_down = false;
   // JSON instead of a table.

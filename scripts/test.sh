@@ -57,7 +57,8 @@ SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
   cluster_worker_fault_test cluster_services_test worker_service_test kv_transport_test
   kv_transport_fault_test tcp_kv_connection_pool_test disaggregation_test disaggregation_fault_test engine_device_runner_test worker_service_device_test
   cuda_ipc_api_test cuda_ipc_kv_transport_test coordinator_core_test
-  generate_metrics_test http_unit_test http_cluster_test callback_gate_test)
+  generate_metrics_test http_unit_test http_cluster_test callback_gate_test
+  cluster_security_test)
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
@@ -86,7 +87,9 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # gRPC's uninstrumented cancellation paths report
 # races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
 # and the in-process coordinator + workers metrics test (gRPC client and
-# server in one uninstrumented library) run under ASan only.
+# server in one uninstrumented library) run under ASan only, as does the
+# secured cluster (its TLS handshakes run in uninstrumented gRPC and
+# OpenSSL; the HTTPS sessions run under both, in http_unit_test).
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|$DEVICE_TOKEN_CHECKS"

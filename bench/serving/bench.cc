@@ -217,8 +217,8 @@ absl::StatusOr<BenchOutcome> RunBench(const BenchOptions& options,
   std::sort(percentiles.begin(), percentiles.end());
   if (!options.cpus.empty()) BATON_RETURN_IF_ERROR(PinToCpus(options.cpus));
 
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
+  BATON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         OpenChannel(options.server, options.security));
   BATON_RETURN_IF_ERROR(WaitForServer(
       *channel, options.server, absl::Seconds(options.connect_timeout_s)));
   auto stub = v1::Baton::NewStub(channel);

@@ -12,6 +12,7 @@
 #include "bench/serving/dataset.h"
 #include "bench/serving/metrics.h"
 #include "bench/serving/runner.h"
+#include "common/auth/bearer_interceptor.h"
 #include "nlohmann/json.hpp"
 
 namespace baton::bench {
@@ -21,6 +22,8 @@ struct BenchOptions {
   // host:port of a baton-coordinator (or any baton.v1.Baton server).
   // Required.
   std::string server;
+  // TLS and API key (plaintext, no key by default).
+  ClientSecurity security;
   // "random" or "sharegpt".
   std::string dataset_name = "random";
   // random: every field; sharegpt: num_prompts is taken from here too.

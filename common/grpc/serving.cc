@@ -4,6 +4,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
@@ -35,7 +37,8 @@ int WaitForTerminationSignal() {
 
 absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
-    int max_receive_bytes) {
+    int max_receive_bytes, const TlsFiles& tls,
+    const std::string& tls_flag_prefix) {
   const size_t colon = listen.rfind(':');
   int requested = 0;
   if (colon == std::string::npos || colon == 0 ||
@@ -44,6 +47,17 @@ absl::StatusOr<RunningServer> StartServer(
     return absl::InvalidArgumentError(
         absl::StrCat("'", listen, "' is not HOST:PORT"));
   }
+  auto credentials = MakeServerCredentials(tls, tls_flag_prefix);
+  if (!credentials.ok()) return credentials.status();
+  const std::string host = listen.substr(0, colon);
+  if (!tls.enabled() && !IsLoopbackHost(host)) {
+    std::fprintf(stderr,
+                 "warning: %s serves plaintext gRPC on a non-loopback "
+                 "address: anyone who can reach it can call it (set %s_cert "
+                 "and %s_key; see docs/security.md)\n",
+                 listen.c_str(), tls_flag_prefix.c_str(),
+                 tls_flag_prefix.c_str());
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   // Reflection describes what the generated pool holds; referencing the
@@ -51,7 +65,7 @@ absl::StatusOr<RunningServer> StartServer(
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
   for (const ServedService& s : services) builder.RegisterService(s.service);
   RunningServer running;
@@ -64,7 +78,7 @@ absl::StatusOr<RunningServer> StartServer(
   for (const ServedService& s : services) {
     health->SetServingStatus(s.name, true);
   }
-  running.address = absl::StrCat(listen.substr(0, colon), ":", port);
+  running.address = absl::StrCat(host, ":", port);
   return running;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/grpc/tls.h"
 
 namespace baton {
 
@@ -40,9 +41,14 @@ struct ServedService {
 // service's name. InvalidArgument for a malformed address, Unavailable if
 // it cannot listen. The services must outlive the server. A message over
 // `max_receive_bytes` is refused with RESOURCE_EXHAUSTED by gRPC itself.
+// With `tls` naming files the port speaks only TLS (mutual TLS when
+// tls.ca is set; see common/grpc/tls.h), errors naming `tls_flag_prefix`;
+// without, plaintext, and a warning on stderr if `listen` is not a
+// loopback address.
 absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
-    int max_receive_bytes = 4 << 20);
+    int max_receive_bytes = 4 << 20, const TlsFiles& tls = {},
+    const std::string& tls_flag_prefix = "--tls");
 
 }  // namespace baton
 

@@ -8,11 +8,15 @@
 // parser enforces body and header limits before buffering a body.
 #include "coordinator/http/http_server.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <cstdio>
 #include <thread>
 #include <utility>
 
@@ -47,6 +51,47 @@ absl::StatusOr<HostPort> SplitHostPort(const std::string& listen) {
   return HostPort{host, listen.substr(colon + 1)};
 }
 
+// What identifies the TLS files' contents: size and modification time.
+std::string FilesStamp(const TlsFiles& files) {
+  std::string stamp;
+  for (const std::string* path : {&files.cert, &files.key, &files.ca}) {
+    struct stat st {};
+    if (!path->empty() && stat(path->c_str(), &st) == 0) {
+      absl::StrAppend(&stamp, st.st_ino, ":", st.st_size, ":",
+                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
+    }
+  }
+  return stamp;
+}
+
+absl::StatusOr<std::shared_ptr<asio::ssl::context>> MakeTlsContext(
+    const TlsFiles& files) {
+  if (absl::Status s = CheckTlsFiles(files, /*server=*/true, "--tls");
+      !s.ok()) {
+    return s;
+  }
+  auto context =
+      std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+  context->set_options(
+      asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+      asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+      asio::ssl::context::no_tlsv1_1);
+  boost::system::error_code ec;
+  context->use_certificate_chain_file(files.cert, ec);
+  if (!ec)
+    context->use_private_key_file(files.key, asio::ssl::context::pem, ec);
+  if (!ec && !files.ca.empty()) {
+    context->load_verify_file(files.ca, ec);
+    context->set_verify_mode(asio::ssl::verify_peer |
+                             asio::ssl::verify_fail_if_no_peer_cert);
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTPS certificate files: ", ec.message()));
+  }
+  return context;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -62,9 +107,19 @@ struct HttpServer::Impl {
         [this](boost::system::error_code ec, tcp::socket socket) {
           if (!acceptor.is_open()) return;
           if (!ec) {
-            std::make_shared<HttpSession>(std::move(socket), options, handler,
-                                          busy)
-                ->Run();
+            if (options.tls.enabled()) {
+              std::shared_ptr<asio::ssl::context> context = TlsContext();
+              std::make_shared<TlsHttpSession>(
+                  boost::beast::ssl_stream<boost::beast::tcp_stream>(
+                      boost::beast::tcp_stream(std::move(socket)), *context),
+                  options, handler, busy, context)
+                  ->Run();
+            } else {
+              std::make_shared<PlainHttpSession>(
+                  boost::beast::tcp_stream(std::move(socket)), options, handler,
+                  busy)
+                  ->Run();
+            }
             return Accept();
           }
           // Out of descriptors and the like: try again shortly instead of
@@ -76,8 +131,31 @@ struct HttpServer::Impl {
         });
   }
 
+  // The TLS context for a new connection: the current one, or a new one
+  // if the files changed (looked at once per reload interval; a set that
+  // does not load keeps the current one). The acceptor's strand only.
+  std::shared_ptr<asio::ssl::context> TlsContext() {
+    const absl::Time now = absl::Now();
+    if (now < next_tls_look) return tls_context;
+    next_tls_look = now + options.tls.reload_interval;
+    std::string stamp = FilesStamp(options.tls);
+    if (stamp == tls_stamp) return tls_context;
+    auto context = MakeTlsContext(options.tls);
+    if (!context.ok()) {
+      std::fprintf(stderr, "HTTPS: keeping the previous certificate: %s\n",
+                   std::string(context.status().message()).c_str());
+      return tls_context;
+    }
+    tls_stamp = std::move(stamp);
+    tls_context = std::move(*context);
+    return tls_context;
+  }
+
   const HttpServerOptions options;
   const HttpHandler handler;
+  std::shared_ptr<asio::ssl::context> tls_context;
+  std::string tls_stamp;
+  absl::Time next_tls_look;
   // Before `io`: sessions destroyed with it still count themselves out.
   std::atomic<int> busy{0};
   std::atomic<bool> accepting{true};
@@ -100,6 +178,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto host_port = SplitHostPort(options.listen);
   if (!host_port.ok()) return host_port.status();
   auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (options.tls.enabled()) {
+    impl->tls_stamp = FilesStamp(options.tls);
+    auto context = MakeTlsContext(options.tls);
+    if (!context.ok()) return context.status();
+    impl->tls_context = std::move(*context);
+    impl->next_tls_look = absl::Now() + options.tls.reload_interval;
+  }
   boost::system::error_code ec;
   tcp::resolver resolver(impl->io);
   auto endpoints = resolver.resolve(host_port->host, host_port->port,

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc/tls.h"
 
 namespace baton::http {
 
@@ -31,6 +32,11 @@ struct HttpServerOptions {
   // from the end of the previous response on a keep-alive connection; a
   // connection idle for longer is closed.
   absl::Duration read_timeout = absl::Seconds(120);
+  // HTTPS with these files (mutual TLS when tls.ca is set: a client
+  // certificate is required); the files are looked at once per
+  // tls.reload_interval and a changed set is used for new connections.
+  // Nothing named: plaintext.
+  TlsFiles tls;
   // --- performance ---
   // I/O threads running every connection's handlers.
   int threads = 2;
@@ -40,6 +46,8 @@ struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query string
   std::string body;
+  // The Authorization header's value ("" without one).
+  std::string authorization;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

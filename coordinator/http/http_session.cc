@@ -5,6 +5,7 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,16 +36,25 @@ bool IsParseError(const beast::error_code& ec) {
 
 }  // namespace
 
-HttpSession::HttpSession(tcp::socket socket, const HttpServerOptions& options,
-                         const HttpHandler& handler, std::atomic<int>& busy)
-    : stream_(std::move(socket)),
+template <typename Stream>
+HttpSession<Stream>::HttpSession(Stream stream,
+                                 const HttpServerOptions& options,
+                                 const HttpHandler& handler,
+                                 std::atomic<int>& busy,
+                                 std::shared_ptr<asio::ssl::context> tls)
+    : tls_(std::move(tls)),
+      stream_(std::move(stream)),
       options_(options),
       handler_(handler),
       busy_(busy) {}
 
-HttpSession::~HttpSession() { SetState(State::kClosed); }
+template <typename Stream>
+HttpSession<Stream>::~HttpSession() {
+  SetState(State::kClosed);
+}
 
-void HttpSession::SetState(State state) {
+template <typename Stream>
+void HttpSession<Stream>::SetState(State state) {
   auto busy = [](State s) {
     return s == State::kHandling || s == State::kFlushing;
   };
@@ -53,31 +63,48 @@ void HttpSession::SetState(State state) {
   state_ = state;
 }
 
+template <typename Stream>
 template <typename F>
-void HttpSession::OnStrand(F&& f) {
-  asio::post(
-      stream_.get_executor(),
-      [self = shared_from_this(), f = std::forward<F>(f)]() mutable { f(); });
+void HttpSession<Stream>::OnStrand(F&& f) {
+  asio::post(stream_.get_executor(),
+             [self = this->shared_from_this(),
+              f = std::forward<F>(f)]() mutable { f(); });
 }
 
-void HttpSession::Run() {
-  asio::dispatch(stream_.get_executor(),
-                 [self = shared_from_this()] { self->DoRead(); });
+template <typename Stream>
+void HttpSession<Stream>::Run() {
+  asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      self->DoRead();
+    } else {
+      // A client that never finishes its handshake is dropped after the
+      // read timeout, as one that never sends a request is.
+      self->Lowest().expires_after(
+          absl::ToChronoNanoseconds(self->options_.read_timeout));
+      self->stream_.async_handshake(asio::ssl::stream_base::server,
+                                    [self](beast::error_code ec) {
+                                      if (ec) return self->Close();
+                                      self->DoRead();
+                                    });
+    }
+  });
 }
 
-void HttpSession::DoRead() {
+template <typename Stream>
+void HttpSession<Stream>::DoRead() {
   SetState(State::kReading);
   parser_.emplace();
   parser_->body_limit(static_cast<uint64_t>(options_.max_body_bytes));
-  stream_.expires_after(absl::ToChronoNanoseconds(options_.read_timeout));
+  Lowest().expires_after(absl::ToChronoNanoseconds(options_.read_timeout));
   bhttp::async_read_header(
       stream_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, size_t) {
+      [self = this->shared_from_this()](beast::error_code ec, size_t) {
         self->OnHeader(ec);
       });
 }
 
-void HttpSession::OnHeader(beast::error_code ec) {
+template <typename Stream>
+void HttpSession<Stream>::OnHeader(beast::error_code ec) {
   if (ec || state_ == State::kClosed) return OnRead(ec);
   // curl sends "Expect: 100-continue" with bodies over 1 KiB and waits a
   // second for this before sending the body.
@@ -85,7 +112,7 @@ void HttpSession::OnHeader(beast::error_code ec) {
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     asio::async_write(
         stream_, asio::buffer(kContinue),
-        [self = shared_from_this()](beast::error_code ec, size_t) {
+        [self = this->shared_from_this()](beast::error_code ec, size_t) {
           if (ec) return self->Close();
           self->ReadBody();
         });
@@ -94,14 +121,15 @@ void HttpSession::OnHeader(beast::error_code ec) {
   ReadBody();
 }
 
-void HttpSession::ReadBody() {
+template <typename Stream>
+void HttpSession<Stream>::ReadBody() {
   bhttp::async_read(stream_, buffer_, *parser_,
-                    [self = shared_from_this()](beast::error_code ec, size_t) {
-                      self->OnRead(ec);
-                    });
+                    [self = this->shared_from_this()](
+                        beast::error_code ec, size_t) { self->OnRead(ec); });
 }
 
-void HttpSession::OnRead(beast::error_code ec) {
+template <typename Stream>
+void HttpSession<Stream>::OnRead(beast::error_code ec) {
   if (state_ == State::kClosed) return;
   if (ec == bhttp::error::body_limit) {
     return Reject(
@@ -118,7 +146,7 @@ void HttpSession::OnRead(beast::error_code ec) {
                   "bad_request");
   }
   if (ec) return Close();  // closed, reset or timed out between requests
-  stream_.expires_never();
+  Lowest().expires_never();
   bhttp::request<bhttp::string_body> message = parser_->release();
   parser_.reset();
   version_ = message.version();
@@ -130,15 +158,20 @@ void HttpSession::OnRead(beast::error_code ec) {
                                  message.target().size());
   request.path = std::string(target.substr(0, target.find('?')));
   request.body = std::move(message.body());
+  if (auto it = message.find(bhttp::field::authorization);
+      it != message.end()) {
+    request.authorization = std::string(it->value());
+  }
   SetState(State::kHandling);
   Watch();
-  handler_(std::move(request), shared_from_this());
+  handler_(std::move(request), this->shared_from_this());
 }
 
-void HttpSession::Reject(int status, const std::string& message,
-                         const std::string& code) {
+template <typename Stream>
+void HttpSession<Stream>::Reject(int status, const std::string& message,
+                                 const std::string& code) {
   parser_.reset();
-  stream_.expires_never();
+  Lowest().expires_never();
   keep_alive_ = false;
   linger_ = true;
   version_ = 11;
@@ -147,18 +180,20 @@ void HttpSession::Reject(int status, const std::string& message,
   Respond(error.status, "application/json", std::move(error.body), {});
 }
 
-void HttpSession::Watch() {
+template <typename Stream>
+void HttpSession<Stream>::Watch() {
   if (watching_ || state_ == State::kClosed) return;
   if (state_ != State::kLingering && buffer_.size() >= kMaxReadAhead) return;
   watching_ = true;
   stream_.async_read_some(
       buffer_.prepare(kReadChunk),
-      [self = shared_from_this()](beast::error_code ec, size_t bytes) {
+      [self = this->shared_from_this()](beast::error_code ec, size_t bytes) {
         self->OnWatch(ec, bytes);
       });
 }
 
-void HttpSession::OnWatch(beast::error_code ec, size_t bytes) {
+template <typename Stream>
+void HttpSession<Stream>::OnWatch(beast::error_code ec, size_t bytes) {
   watching_ = false;
   if (state_ == State::kClosed) return;
   if (state_ == State::kLingering) {
@@ -178,8 +213,9 @@ void HttpSession::OnWatch(beast::error_code ec, size_t bytes) {
   Watch();
 }
 
-void HttpSession::Respond(int status, std::string content_type,
-                          std::string body, HttpHeaders headers) {
+template <typename Stream>
+void HttpSession<Stream>::Respond(int status, std::string content_type,
+                                  std::string body, HttpHeaders headers) {
   OnStrand([this, status, content_type = std::move(content_type),
             body = std::move(body), headers = std::move(headers)]() mutable {
     if (state_ != State::kHandling) return;
@@ -199,7 +235,8 @@ void HttpSession::Respond(int status, std::string content_type,
   });
 }
 
-void HttpSession::StartStream(int status, std::string content_type) {
+template <typename Stream>
+void HttpSession<Stream>::StartStream(int status, std::string content_type) {
   OnStrand([this, status, content_type = std::move(content_type)] {
     if (state_ != State::kHandling) return;
     chunked_ = version_ >= 11;
@@ -219,7 +256,8 @@ void HttpSession::StartStream(int status, std::string content_type) {
   });
 }
 
-void HttpSession::Write(std::string data) {
+template <typename Stream>
+void HttpSession<Stream>::Write(std::string data) {
   OnStrand([this, data = std::move(data)]() mutable {
     if (state_ != State::kHandling || data.empty()) return;
     if (chunked_) {
@@ -230,7 +268,8 @@ void HttpSession::Write(std::string data) {
   });
 }
 
-void HttpSession::EndStream() {
+template <typename Stream>
+void HttpSession<Stream>::EndStream() {
   OnStrand([this] {
     if (state_ != State::kHandling) return;
     if (chunked_) Enqueue("0\r\n\r\n");
@@ -238,7 +277,8 @@ void HttpSession::EndStream() {
   });
 }
 
-void HttpSession::SetOnDisconnect(std::function<void()> callback) {
+template <typename Stream>
+void HttpSession<Stream>::SetOnDisconnect(std::function<void()> callback) {
   OnStrand([this, callback = std::move(callback)]() mutable {
     if (gone_) {
       callback();
@@ -248,12 +288,14 @@ void HttpSession::SetOnDisconnect(std::function<void()> callback) {
   });
 }
 
-void HttpSession::Enqueue(std::string bytes) {
+template <typename Stream>
+void HttpSession<Stream>::Enqueue(std::string bytes) {
   queue_.push_back(std::move(bytes));
   DoWrite();
 }
 
-void HttpSession::DoWrite() {
+template <typename Stream>
+void HttpSession<Stream>::DoWrite() {
   if (writing_ || queue_.empty() || state_ == State::kClosed) return;
   writing_ = true;
   std::vector<asio::const_buffer> buffers;
@@ -263,12 +305,12 @@ void HttpSession::DoWrite() {
   }
   for (const std::string& s : in_flight_) buffers.push_back(asio::buffer(s));
   asio::async_write(stream_, buffers,
-                    [self = shared_from_this()](beast::error_code ec, size_t) {
-                      self->OnWrite(ec);
-                    });
+                    [self = this->shared_from_this()](
+                        beast::error_code ec, size_t) { self->OnWrite(ec); });
 }
 
-void HttpSession::OnWrite(beast::error_code ec) {
+template <typename Stream>
+void HttpSession<Stream>::OnWrite(beast::error_code ec) {
   writing_ = false;
   in_flight_.clear();
   if (state_ == State::kClosed) return;
@@ -286,17 +328,19 @@ void HttpSession::OnWrite(beast::error_code ec) {
   // come: cancel the watch, and OnWatch starts parsing.
   if (buffer_.size() > 0) {
     beast::error_code ignored;
-    stream_.socket().cancel(ignored);
+    Lowest().socket().cancel(ignored);
   }
 }
 
-void HttpSession::ResponseComplete() {
+template <typename Stream>
+void HttpSession<Stream>::ResponseComplete() {
   on_disconnect_ = nullptr;
   SetState(State::kFlushing);
   // OnWrite moves on once the queue has drained.
 }
 
-void HttpSession::ClientGone() {
+template <typename Stream>
+void HttpSession<Stream>::ClientGone() {
   gone_ = true;
   if (on_disconnect_) {
     std::function<void()> callback = std::move(on_disconnect_);
@@ -305,22 +349,27 @@ void HttpSession::ClientGone() {
   }
 }
 
-void HttpSession::Linger() {
+template <typename Stream>
+void HttpSession<Stream>::Linger() {
   beast::error_code ignored;
-  stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
   SetState(State::kLingering);
-  stream_.expires_after(kLingerTimeout);
+  Lowest().expires_after(kLingerTimeout);
   Watch();
 }
 
-void HttpSession::Close() {
+template <typename Stream>
+void HttpSession<Stream>::Close() {
   if (state_ == State::kClosed) return;
   SetState(State::kClosed);
   on_disconnect_ = nullptr;
   queue_.clear();
   beast::error_code ignored;
-  stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  stream_.close();
+  Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+  Lowest().close();
 }
+
+template class HttpSession<beast::tcp_stream>;
+template class HttpSession<beast::ssl_stream<beast::tcp_stream>>;
 
 }  // namespace baton::http

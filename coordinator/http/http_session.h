@@ -14,6 +14,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -25,16 +26,19 @@
 
 namespace baton::http {
 
-class HttpSession final : public HttpExchange,
-                          public std::enable_shared_from_this<HttpSession> {
+template <typename Stream>
+class HttpSession final
+    : public HttpExchange,
+      public std::enable_shared_from_this<HttpSession<Stream>> {
  public:
   // `options`, `handler` and `busy` must outlive the session. `busy`
   // counts the sessions that owe a response (handling or flushing one).
-  HttpSession(boost::asio::ip::tcp::socket socket,
-              const HttpServerOptions& options, const HttpHandler& handler,
-              std::atomic<int>& busy);
+  // `tls` (TLS streams only) is the context `stream` was made with.
+  HttpSession(Stream stream, const HttpServerOptions& options,
+              const HttpHandler& handler, std::atomic<int>& busy,
+              std::shared_ptr<boost::asio::ssl::context> tls = nullptr);
   ~HttpSession() override;
-  // Starts reading the first request.
+  // Starts reading the first request (after the TLS handshake).
   void Run();
 
   void Respond(int status, std::string content_type, std::string body,
@@ -57,6 +61,9 @@ class HttpSession final : public HttpExchange,
 
   template <typename F>
   void OnStrand(F&& f);
+  boost::beast::tcp_stream& Lowest() {
+    return boost::beast::get_lowest_layer(stream_);
+  }
   void SetState(State state);
 
   void DoRead();
@@ -77,7 +84,9 @@ class HttpSession final : public HttpExchange,
   void Linger();
   void Close();
 
-  boost::beast::tcp_stream stream_;
+  // Before stream_, which refers to it.
+  const std::shared_ptr<boost::asio::ssl::context> tls_;
+  Stream stream_;
   const HttpServerOptions& options_;
   const HttpHandler& handler_;
   std::atomic<int>& busy_;
@@ -97,6 +106,10 @@ class HttpSession final : public HttpExchange,
   // be arriving).
   bool linger_ = false;
 };
+
+using PlainHttpSession = HttpSession<boost::beast::tcp_stream>;
+using TlsHttpSession =
+    HttpSession<boost::beast::ssl_stream<boost::beast::tcp_stream>>;
 
 }  // namespace baton::http
 

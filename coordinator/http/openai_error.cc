@@ -20,6 +20,10 @@ std::string TypeFor(int http_status) {
     case 413:
     case 431:
       return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
     case 429:
       return "rate_limit_error";
     case 503:
@@ -45,6 +49,10 @@ int HttpStatusFor(absl::StatusCode code) {
       return 400;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kUnavailable:

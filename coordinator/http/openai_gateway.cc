@@ -1,5 +1,6 @@
 #include "coordinator/http/openai_gateway.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <utility>
@@ -116,6 +117,17 @@ void OpenAiGateway::Shutdown(absl::Duration grace) {
 void OpenAiGateway::Handle(HttpRequest request,
                            std::shared_ptr<HttpExchange> exchange) {
   const std::string& path = request.path;
+  if (options_.api_keys != nullptr &&
+      std::find(options_.open_paths.begin(), options_.open_paths.end(), path) ==
+          options_.open_paths.end()) {
+    if (absl::Status auth = options_.api_keys->Check(request.authorization);
+        !auth.ok()) {
+      return RespondError(
+          *exchange,
+          MakeHttpError(401, std::string(auth.message()), "invalid_api_key"),
+          {{"WWW-Authenticate", "Bearer"}});
+    }
+  }
   const bool post = request.method == "POST";
   const bool get = request.method == "GET";
   auto wrong_method = [&](const char* allowed) {

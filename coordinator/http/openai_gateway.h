@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
+#include "common/auth/api_keys.h"
 #include "coordinator/http/completion_job.h"
 #include "coordinator/http/http_server.h"
 #include "coordinator/http/in_flight.h"
@@ -38,6 +40,11 @@ struct OpenAiGatewayOptions {
   TokenBytesFn token_bytes;
   // Deadline of the unary calls behind /v1/models and /health.
   absl::Duration unary_deadline = absl::Seconds(5);
+  // With keys, every path but `open_paths` needs "Authorization: Bearer
+  // KEY" (401 otherwise); the channel must then carry the keys' process
+  // key (BearerInterceptors). Must outlive the gateway.
+  ApiKeys* api_keys = nullptr;
+  std::vector<std::string> open_paths = {"/health", "/metrics"};
 };
 
 class OpenAiGateway {

@@ -123,9 +123,12 @@ std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
   // A restarted worker at the same address must be reachable at once.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<v1::Worker::Stub> stub =
-      v1::Worker::NewStub(grpc::CreateCustomChannel(
-          address, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(
+      grpc::CreateCustomChannel(address,
+                                options_.worker_credentials != nullptr
+                                    ? options_.worker_credentials
+                                    : grpc::InsecureChannelCredentials(),
+                                args));
   stubs_[address] = stub;
   return stub;
 }

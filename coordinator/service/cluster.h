@@ -10,6 +10,8 @@
 #ifndef BATON_COORDINATOR_SERVICE_CLUSTER_H_
 #define BATON_COORDINATOR_SERVICE_CLUSTER_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -54,6 +56,9 @@ struct ClusterOptions {
   // Where the coordinator's metrics are registered; null: the process-wide
   // metrics::Registry(). Must outlive the cluster.
   prometheus::Registry* metrics_registry = nullptr;
+  // How the coordinator reaches workers' control ports (mutual TLS when the
+  // control plane has certificates); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
 };
 
 // A running request as the sweeper sees it.

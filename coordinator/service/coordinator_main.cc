@@ -6,6 +6,9 @@
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
+//                     [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]
+//                     [--control_tls_cert=PEM --control_tls_key=PEM
+//                      --control_tls_ca=PEM] [--api_keys_file=PATH]
 // Two planes on two ports, each with the health service and reflection:
 // --listen serves baton.v1.Baton (clients; the public plane), and
 // --control_listen serves baton.v1.Coordinator (workers; the control
@@ -20,6 +23,7 @@
 // when enabled (bound ports). Stops on SIGINT / SIGTERM.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -29,7 +33,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/auth/api_keys.h"
+#include "common/auth/bearer_interceptor.h"
 #include "common/grpc/serving.h"
+#include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/http/openai_gateway.h"
 #include "coordinator/service/cluster.h"
@@ -78,6 +86,32 @@ ABSL_FLAG(int64_t, max_prompt_bytes, int64_t{1} << 20,
 ABSL_FLAG(int64_t, max_chat_messages, 1024, "messages of a chat prompt");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0,
           "tokens of a prompt; 0: the model's context length");
+// TLS (common/grpc/tls.h, docs/security.md): plaintext without files.
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the public port (gRPC and --http_listen); "
+          "empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: public clients must present a certificate it "
+          "signed (mutual TLS); empty: no client certificate asked");
+ABSL_FLAG(std::string, control_tls_cert, "",
+          "PEM certificate chain of the control plane: served on "
+          "--control_listen and presented to workers; empty: plaintext");
+ABSL_FLAG(std::string, control_tls_key, "",
+          "PEM private key of --control_tls_cert");
+ABSL_FLAG(std::string, control_tls_ca, "",
+          "PEM CA bundle of the cluster: workers must present a certificate "
+          "it signed, and the workers' ports must too (mutual TLS; required "
+          "with --control_tls_cert)");
+ABSL_FLAG(int64_t, tls_reload_s, 60,
+          "certificate, key and CA files are re-read this often (seconds)");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "file of API keys, one per line ('#' comments), re-read when it "
+          "changes: every public call then needs 'authorization: Bearer "
+          "KEY' (HTTP: the Authorization header); empty: no keys");
+ABSL_FLAG(std::string, api_keys_open_paths, "/health,/metrics",
+          "HTTP paths served without a key when --api_keys_file is set "
+          "(comma-separated; empty: none)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of a Prometheus /metrics listener; empty: none (the "
           "HTTP API also serves /metrics)");
@@ -143,6 +177,46 @@ int Main() {
     Log("--max_receive_bytes must be >= 1024");
     return 2;
   }
+  const absl::Duration reload =
+      absl::Seconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_tls_reload_s)));
+  TlsFiles public_tls{absl::GetFlag(FLAGS_tls_cert),
+                      absl::GetFlag(FLAGS_tls_key),
+                      absl::GetFlag(FLAGS_tls_client_ca), reload};
+  TlsFiles control_tls{absl::GetFlag(FLAGS_control_tls_cert),
+                       absl::GetFlag(FLAGS_control_tls_key),
+                       absl::GetFlag(FLAGS_control_tls_ca), reload};
+  if (control_tls.enabled() &&
+      (control_tls.cert.empty() || control_tls.ca.empty())) {
+    Log("the control plane is mutual TLS: --control_tls_cert, "
+        "--control_tls_key and --control_tls_ca go together");
+    return 2;
+  }
+  for (const auto& [files, prefix] :
+       {std::pair{&public_tls, "--tls"},
+        std::pair{&control_tls, "--control_tls"}}) {
+    if (absl::Status s = CheckTlsFiles(*files, /*server=*/true, prefix);
+        !s.ok()) {
+      Log(s.ToString());
+      return 2;
+    }
+  }
+  auto worker_credentials =
+      MakeChannelCredentials(control_tls, "--control_tls");
+  if (!worker_credentials.ok()) {
+    Log(worker_credentials.status().ToString());
+    return 2;
+  }
+  options.worker_credentials = *worker_credentials;
+  std::unique_ptr<ApiKeys> api_keys;
+  if (const std::string path = absl::GetFlag(FLAGS_api_keys_file);
+      !path.empty()) {
+    auto loaded = ApiKeys::Load(path);
+    if (!loaded.ok()) {
+      Log(loaded.status().ToString());
+      return 2;
+    }
+    api_keys = std::move(*loaded);
+  }
   auto cluster = Cluster::Create(options, std::move(*model), RealClock());
   if (!cluster.ok()) {
     Log(cluster.status().ToString());
@@ -150,11 +224,11 @@ int Main() {
   }
   const int64_t context_length = (*cluster)->model().config().context_length;
   ControlPlaneService control_plane(cluster->get());
-  BatonService api(cluster->get());
+  BatonService api(cluster->get(), api_keys.get());
 
-  auto running = StartServer(absl::GetFlag(FLAGS_listen),
-                             {{&api, v1::Baton::service_full_name()}},
-                             absl::GetFlag(FLAGS_max_receive_bytes));
+  auto running = StartServer(
+      absl::GetFlag(FLAGS_listen), {{&api, v1::Baton::service_full_name()}},
+      absl::GetFlag(FLAGS_max_receive_bytes), public_tls, "--tls");
   if (!running.ok()) {
     Log(absl::StrCat("--listen: ", running.status().ToString()));
     return 1;
@@ -162,7 +236,8 @@ int Main() {
   std::unique_ptr<grpc::Server> server = std::move(running->server);
   auto control =
       StartServer(absl::GetFlag(FLAGS_control_listen),
-                  {{&control_plane, v1::Coordinator::service_full_name()}});
+                  {{&control_plane, v1::Coordinator::service_full_name()}},
+                  4 << 20, control_tls, "--control_tls");
   if (!control.ok()) {
     Log(absl::StrCat("--control_listen: ", control.status().ToString()));
     return 1;
@@ -176,6 +251,10 @@ int Main() {
     http_options.http.listen = listen;
     http_options.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
     http_options.http.threads = absl::GetFlag(FLAGS_http_threads);
+    http_options.http.tls = public_tls;
+    http_options.api_keys = api_keys.get();
+    http_options.open_paths = absl::StrSplit(
+        absl::GetFlag(FLAGS_api_keys_open_paths), ',', absl::SkipEmpty());
     http_options.context_length = context_length;
     http_options.default_max_tokens =
         absl::GetFlag(FLAGS_http_default_max_tokens);
@@ -185,8 +264,14 @@ int Main() {
       return tokenizer.IsValidId(id) ? tokenizer.TokenToBytes(id)
                                      : std::string();
     };
+    // The gateway checks the HTTP caller's key itself and calls the API
+    // with the process key.
     auto started = http::OpenAiGateway::Start(
-        http_options, server->InProcessChannel(grpc::ChannelArguments()));
+        http_options,
+        server->experimental().InProcessChannelWithInterceptors(
+            grpc::ChannelArguments(),
+            BearerInterceptors(api_keys != nullptr ? api_keys->process_key()
+                                                   : std::string())));
     if (!started.ok()) {
       Log(started.status().ToString());
       return started.status().code() == absl::StatusCode::kInvalidArgument ? 2
@@ -244,7 +329,9 @@ int main(int argc, char** argv) {
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--queue_timeout_ms=N] [--transfer_timeout_ms=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
-      "[--metrics_listen=HOST:PORT]");
+      "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "
+      "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "
+      "--control_tls_ca=PEM] [--api_keys_file=PATH]");
   absl::ParseCommandLine(argc, argv);
   return baton::coordinator::Main();
 }

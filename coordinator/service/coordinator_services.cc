@@ -19,6 +19,17 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// OK without API keys; otherwise the "authorization" metadata must carry a
+// key of `keys` (it is read here and never passed on).
+absl::Status Authorize(ApiKeys* keys,
+                       const grpc::CallbackServerContext* context) {
+  if (keys == nullptr) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return keys->Check("");
+  return keys->Check(absl::string_view(it->second.data(), it->second.size()));
+}
+
 absl::StatusOr<WorkerRole> RoleFromProto(v1::WorkerRole role) {
   switch (role) {
     case v1::WORKER_ROLE_PREFILL:
@@ -183,6 +194,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto* reactor = new GenerateReactor();
+  if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
+    cluster_->metrics().OnRequestRejected(auth);
+    reactor->Close(ToGrpcStatus(auth));
+    return reactor;
+  }
   if (!cluster_->accepting()) {
     const absl::Status refused =
         absl::UnavailableError("coordinator shutting down");
@@ -211,6 +227,9 @@ grpc::ServerUnaryReactor* BatonService::Tokenize(
     grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
     v1::TokenizeResponse* response) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
+    return Finish(context, auth);
+  }
   const ServedModel& model = cluster_->model();
   if (!request->model().empty() && request->model() != model.id()) {
     return Finish(context,
@@ -232,6 +251,9 @@ grpc::ServerUnaryReactor* BatonService::ListModels(
     const v1::ListModelsRequest* /*request*/,
     v1::ListModelsResponse* response) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
+    return Finish(context, auth);
+  }
   std::map<std::string, v1::ModelInfo> models;
   for (const WorkerInfo& w : cluster_->registry().List()) {
     if (w.health != WorkerHealth::kHealthy) continue;
@@ -267,6 +289,9 @@ grpc::ServerUnaryReactor* BatonService::GetClusterStatus(
     const v1::GetClusterStatusRequest* request,
     v1::GetClusterStatusResponse* response) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
+    return Finish(context, auth);
+  }
   const absl::Time now = cluster_->clock().Now();
   std::map<WorkerId, int32_t> active;
   for (const Lease& lease : cluster_->requests().LiveLeases()) {

@@ -12,6 +12,7 @@
 
 #include "baton/v1/api.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/auth/api_keys.h"
 #include "common/tsan/annotations.h"
 #include "coordinator/service/cluster.h"
 
@@ -42,8 +43,12 @@ class ControlPlaneService final : public v1::Coordinator::CallbackService {
 
 class BatonService final : public v1::Baton::CallbackService {
  public:
-  // `cluster` must outlive the service.
-  explicit BatonService(Cluster* cluster) : cluster_(cluster) {
+  // `cluster` (and `api_keys` when not null) must outlive the service.
+  // With `api_keys`, every call needs "authorization: Bearer KEY" metadata
+  // with one of its keys (UNAUTHENTICATED otherwise); the health service
+  // and reflection beside it stay open.
+  explicit BatonService(Cluster* cluster, ApiKeys* api_keys = nullptr)
+      : cluster_(cluster), api_keys_(api_keys) {
     BATON_TSAN_RELEASE(this);  // handed to gRPC's threads
   }
 
@@ -64,6 +69,7 @@ class BatonService final : public v1::Baton::CallbackService {
 
  private:
   Cluster* const cluster_;
+  ApiKeys* const api_keys_;
 };
 
 }  // namespace baton::coordinator

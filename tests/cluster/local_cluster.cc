@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth/bearer_interceptor.h"
 #include "common/status_macros.h"
 #include "common/test_util.h"
 #include "tests/cluster/cluster_test_util.h"
@@ -58,9 +59,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
               options.coordinator_flags.end());
   cluster->coordinator_argv_ = std::move(argv);
   cluster->http_ = options.http;
+  BATON_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ChannelCredentials> public_credentials,
+      MakeChannelCredentials(options.public_client_tls));
+  BATON_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ChannelCredentials> control_credentials,
+      MakeChannelCredentials(options.control_client_tls));
   BATON_RETURN_IF_ERROR(cluster->SpawnCoordinator());
-  cluster->baton_ = v1::Baton::NewStub(grpc::CreateChannel(
-      cluster->address_, grpc::InsecureChannelCredentials()));
+  cluster->baton_ = v1::Baton::NewStub(CreateChannelWithKey(
+      cluster->address_, public_credentials, options.api_key));
 
   std::vector<std::string> roles;
   for (int i = 0; i < options.prefill; ++i) roles.push_back("prefill");
@@ -103,8 +110,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     auto worker_address = ListeningAddress(worker.process->first_line());
     if (!worker_address.ok()) return worker_address.status();
     worker.address = *worker_address;
-    worker.stub = v1::Worker::NewStub(grpc::CreateChannel(
-        worker.address, grpc::InsecureChannelCredentials()));
+    worker.stub = v1::Worker::NewStub(
+        grpc::CreateChannel(worker.address, control_credentials));
     cluster->workers_.push_back(std::move(worker));
   }
   if (options.wait_healthy) {

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/grpc/tls.h"
 #include "tests/cluster/child_process.h"
 
 namespace baton::testing {
@@ -41,6 +42,13 @@ struct LocalClusterOptions {
   bool http = false;
   // Register the workers and wait until all are healthy.
   bool wait_healthy = true;
+  // How the cluster's own clients (baton(), workers()[i].stub) connect when
+  // the processes get TLS or API-key flags (in coordinator_flags /
+  // worker_flags): client-side TLS files for the public port and for the
+  // control plane, and the API key the public calls carry.
+  TlsFiles public_client_tls;
+  TlsFiles control_client_tls;
+  std::string api_key;
 };
 
 class LocalCluster {

@@ -54,11 +54,14 @@ absl::StatusOr<std::unique_ptr<GpuKvPaths>> GpuKvPaths::Create(
       return pairing->Expect(request, transfer_id, decode_id);
     };
   }
-  options->make_nccl_sink = [pool = paths->nccl_pool_.get(), device](
+  // GpuKvPaths::Create runs after the control plane's credentials are set.
+  options->make_nccl_sink = [pool = paths->nccl_pool_.get(), device,
+                             credentials = options->peer_credentials](
                                 const std::string& address,
                                 const v1::PairKvRequest& pair,
                                 const std::string& model_id) {
-    return NcclKvSinkFactory(pool, device, address, pair, model_id);
+    return NcclKvSinkFactory(pool, device, address, pair, model_id,
+                             credentials);
   };
   return paths;
 }

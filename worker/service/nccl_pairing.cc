@@ -85,11 +85,13 @@ NcclKvReceiverCallbacks NcclImportCallbacks(Engine* engine) {
 
 namespace {
 
-absl::StatusOr<NcclPairHandshake> CallPairKv(const std::string& address,
-                                             const v1::PairKvRequest& request,
-                                             absl::Duration timeout) {
-  auto stub = v1::Worker::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+absl::StatusOr<NcclPairHandshake> CallPairKv(
+    const std::string& address, const v1::PairKvRequest& request,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    absl::Duration timeout) {
+  auto stub = v1::Worker::NewStub(grpc::CreateChannel(
+      address, credentials != nullptr ? credentials
+                                      : grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::PairKvResponse response;
@@ -104,16 +106,18 @@ absl::StatusOr<NcclPairHandshake> CallPairKv(const std::string& address,
 
 }  // namespace
 
-KvSinkFactory NcclKvSinkFactory(NcclCommPool* pool, int sender_device,
-                                std::string decode_address,
-                                v1::PairKvRequest pair, std::string model_id,
-                                absl::Duration rpc_timeout) {
+KvSinkFactory NcclKvSinkFactory(
+    NcclCommPool* pool, int sender_device, std::string decode_address,
+    v1::PairKvRequest pair, std::string model_id,
+    std::shared_ptr<grpc::ChannelCredentials> credentials,
+    absl::Duration rpc_timeout) {
   pair.set_sender_device(sender_device);
   return [pool, address = std::move(decode_address), pair = std::move(pair),
-          model_id = std::move(model_id), rpc_timeout](const KvSinkInfo& info)
+          model_id = std::move(model_id), credentials = std::move(credentials),
+          rpc_timeout](const KvSinkInfo& info)
              -> absl::StatusOr<std::unique_ptr<KvSink>> {
     BATON_ASSIGN_OR_RETURN(NcclPairHandshake handshake,
-                           CallPairKv(address, pair, rpc_timeout));
+                           CallPairKv(address, pair, credentials, rpc_timeout));
     uint64_t transfer_id = 0;
     if (!absl::SimpleAtoi(pair.transfer_id(), &transfer_id)) {
       return absl::InvalidArgumentError(

@@ -10,6 +10,8 @@
 #ifndef BATON_WORKER_SERVICE_NCCL_PAIRING_H_
 #define BATON_WORKER_SERVICE_NCCL_PAIRING_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -64,10 +66,12 @@ NcclKvReceiverCallbacks NcclImportCallbacks(Engine* engine);
 // `decode_address` (deadline `rpc_timeout`), then an NcclKvSender on the
 // pair's communicator reading the engine's device pool. `pool` must
 // outlive the handoff.
-KvSinkFactory NcclKvSinkFactory(NcclCommPool* pool, int sender_device,
-                                std::string decode_address,
-                                v1::PairKvRequest pair, std::string model_id,
-                                absl::Duration rpc_timeout = absl::Seconds(10));
+// `credentials` (null: plaintext) reach the decode worker's control port.
+KvSinkFactory NcclKvSinkFactory(
+    NcclCommPool* pool, int sender_device, std::string decode_address,
+    v1::PairKvRequest pair, std::string model_id,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+    absl::Duration rpc_timeout = absl::Seconds(10));
 
 }  // namespace baton
 

@@ -32,9 +32,12 @@ void SetWorkerIdentity(const std::string& worker_id,
 
 Registrar::Registrar(const std::string& coordinator,
                      v1::RegisterWorkerRequest request, WorkerService* service,
-                     std::function<absl::Status()> healthy)
+                     std::function<absl::Status()> healthy,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials)
     : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(
-          coordinator, grpc::InsecureChannelCredentials()))),
+          coordinator, credentials != nullptr
+                           ? credentials
+                           : grpc::InsecureChannelCredentials()))),
       request_(std::move(request)),
       service_(service),
       healthy_(std::move(healthy)),

@@ -32,9 +32,10 @@ class Registrar {
   // and heartbeats on its own thread until destroyed, then deregisters.
   // `healthy` is polled before every heartbeat; once it returns an error
   // the worker deregisters and stops heartbeating. `service` must outlive
-  // the registrar.
+  // the registrar. `credentials` (null: plaintext) reach the control plane.
   Registrar(const std::string& coordinator, v1::RegisterWorkerRequest request,
-            WorkerService* service, std::function<absl::Status()> healthy);
+            WorkerService* service, std::function<absl::Status()> healthy,
+            std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~Registrar();
   Registrar(const Registrar&) = delete;
   Registrar& operator=(const Registrar&) = delete;

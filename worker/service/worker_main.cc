@@ -4,6 +4,7 @@
 //                [--kv_cache_mib=M]
 //                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
 //                [--metrics_listen=HOST:PORT]
+//                [--tls_cert=PEM --tls_key=PEM --tls_ca=PEM]
 // Serves the health service and reflection as well; with --coordinator it
 // registers and heartbeats, retrying while the coordinator is unreachable;
 // with --metrics_listen it serves Prometheus metrics at GET /metrics.
@@ -13,6 +14,7 @@
 // from the coordinator. Stops on SIGINT / SIGTERM.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -31,6 +33,7 @@
 #include "cli/model_bundle.h"
 #include "common/fault/fault_points.h"
 #include "common/grpc/serving.h"
+#include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
@@ -79,6 +82,18 @@ ABSL_FLAG(std::string, worker_id, "",
           "this worker's stable name with every coordinator (1-64 of "
           "[A-Za-z0-9._-]); empty: a random one, 'w-' and 8 hex digits, "
           "drawn at start");
+// Mutual TLS on the control plane (common/grpc/tls.h, docs/security.md):
+// the worker's port requires a client certificate from --tls_ca, and the
+// worker presents --tls_cert to the coordinator and to other workers.
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this worker (served on --listen, "
+          "presented to the coordinator and peers); empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle of the cluster: the coordinator and peer workers "
+          "must present a certificate it signed (required with --tls_cert)");
+ABSL_FLAG(int64_t, tls_reload_s, 60,
+          "certificate, key and CA files are re-read this often (seconds)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus metrics at GET /metrics (port 0: any "
           "free port); empty: no metrics listener");
@@ -218,6 +233,20 @@ int Main() {
       return 2;
     }
   }
+  const TlsFiles tls{
+      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_ca),
+      absl::Seconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_tls_reload_s)))};
+  if (tls.enabled() && (tls.cert.empty() || tls.ca.empty())) {
+    Log("the control plane is mutual TLS: --tls_cert, --tls_key and --tls_ca "
+        "go together");
+    return 2;
+  }
+  auto control_credentials = MakeChannelCredentials(tls, "--tls");
+  if (!control_credentials.ok()) {
+    Log(control_credentials.status().ToString());
+    return 2;
+  }
   auto faults = ParseFaultSpecs(absl::GetFlag(FLAGS_fault));
   if (!faults.ok()) {
     Log(absl::StrCat("--fault: ", faults.status().message()));
@@ -276,6 +305,7 @@ int Main() {
   }
   options.reservation_ttl =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
+  options.peer_credentials = *control_credentials;
 #if BATON_WORKER_CUDA
   // A GPU worker also hands KV device to device: CUDA IPC with workers on
   // its GPU, NCCL with workers on others (the sender picks; TCP otherwise).
@@ -298,7 +328,8 @@ int Main() {
 
   auto running =
       StartServer(absl::GetFlag(FLAGS_listen),
-                  {{service->get(), v1::Worker::service_full_name()}});
+                  {{service->get(), v1::Worker::service_full_name()}}, 4 << 20,
+                  tls, "--tls");
   if (!running.ok()) {
     Log(running.status().ToString());
     return 1;
@@ -351,7 +382,7 @@ int Main() {
     Engine* engine_ptr = engine->get();
     registrar = std::make_unique<Registrar>(
         absl::GetFlag(FLAGS_coordinator), std::move(request), service->get(),
-        [engine_ptr] { return engine_ptr->health(); });
+        [engine_ptr] { return engine_ptr->health(); }, *control_credentials);
   }
   auto health_watch =
       std::make_unique<HealthWatch>(engine->get(), server.get());

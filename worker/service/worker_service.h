@@ -14,6 +14,8 @@
 #ifndef BATON_WORKER_SERVICE_WORKER_SERVICE_H_
 #define BATON_WORKER_SERVICE_WORKER_SERVICE_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -57,6 +59,10 @@ struct WorkerServiceOptions {
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;
+
+  // How this worker calls other workers' control ports (PairKv): mutual
+  // TLS when the control plane has certificates; null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
 
   // --- Device-direct KV (GPU workers) ---
   // The device holding the engine's KV pool ("HOST/GPU-UUID"); empty for a
