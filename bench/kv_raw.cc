@@ -21,6 +21,9 @@
 namespace baton::kvbench {
 namespace {
 
+// The secret of every raw transfer (32 bytes, as ReserveKv draws them).
+constexpr char kBenchSecret[] = "kv-transfer-bench-secret-32bytes";
+
 using Json = nlohmann::json;
 
 // GB/s per repeat, with autotuned and with fixed socket buffers: one
@@ -88,6 +91,10 @@ class Destination {
 
   KvReceiverCallbacks Callbacks() {
     KvReceiverCallbacks cb;
+    // Every transfer proves this secret, as a worker's reservations do.
+    cb.secret = [](uint64_t) -> absl::StatusOr<std::string> {
+      return std::string(kBenchSecret);
+    };
     cb.lookup = [this](uint64_t id) -> absl::StatusOr<KvTransferTarget> {
       const double t = Now();
       // The receiver's connection thread: pinned at its first transfer.
@@ -157,7 +164,9 @@ TransferTiming TransferOnce(const KvCache& src, const BlockTable& table,
                             const std::vector<uint64_t>* sums) {
   TransferTiming t;
   const double start = Now();
-  auto sender = Must(TcpKvSender::Connect(endpoint, id, options), "Connect");
+  TcpKvSenderOptions proving = options;
+  proving.transfer_secret = kBenchSecret;
+  auto sender = Must(TcpKvSender::Connect(endpoint, id, proving), "Connect");
   t.connect_s = Now() - start;
   KvTransferHeader h;
   h.transfer_id = id;

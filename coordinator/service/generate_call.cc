@@ -242,6 +242,7 @@ absl::Status GenerateCall::Serve() {
     *target->mutable_endpoint() = reservation_.endpoint();
     *target->mutable_alternatives() = reservation_.alternatives();
     target->set_transfer_id(reservation_.transfer_id());
+    target->set_transfer_secret(reservation_.transfer_secret());
   }
   grpc::ClientContext prefill_context;
   SetDeadline(&prefill_context);

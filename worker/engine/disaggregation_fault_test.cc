@@ -2,7 +2,13 @@
 // layer, a sink that fails mid-transfer, a handoff that never completes (also
 // with a TCP send stuck in the kernel), and cancels; every block must be free
 // on both engines afterwards.
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <thread>
+
 #include "worker/engine/disaggregation_test_util.h"
+#include "worker/transport/kv_test_peer.h"
 #include "worker/transport/socket_io.h"
 
 namespace baton {
@@ -181,15 +187,23 @@ TEST_F(DisaggregationTest, ChecksumMismatchInPlaceCommitsNothing) {
 }
 
 TEST_F(DisaggregationTest, HandoffTimeoutWhileTcpSendIsStuck) {
-  // A peer that never accepts or reads: the sender's sendmsg fills the
-  // socket buffers and waits. The timeout must free the blocks at once
-  // (the send waits outside the pool's read gate), not once the send
-  // ends: the sender's stall timeout is an hour and the peer goes away
+  // A peer that answers the hello and then never reads: the sender's
+  // sendmsg fills the socket buffers and waits. The timeout must free the
+  // blocks at once (the send waits outside the pool's read gate), not once the
+  // send ends: the sender's stall timeout is an hour and the peer goes away
   // only after the engine is idle, so a handoff that waited for the sender
   // would hang here (ctest's timeout) instead of ending on its own.
   int port = 0;
   auto listener = TcpListen("127.0.0.1", 0, &port);
   ASSERT_TRUE(listener.ok()) << listener.status();
+  UniqueFd peer;
+  std::thread answer([&] {
+    SocketIoOptions io;
+    io.stall_timeout = absl::Seconds(60);
+    if (!WaitFd(listener->get(), POLLIN, io, "accept").ok()) return;
+    peer = UniqueFd(accept4(listener->get(), nullptr, nullptr, SOCK_NONBLOCK));
+    EXPECT_TRUE(kvtest::AnswerHello(peer.get(), io).ok());
+  });
   auto prefill = MakeEngine();
   PrefillOptions options;
   options.timeout = std::chrono::milliseconds(300);
@@ -213,8 +227,10 @@ TEST_F(DisaggregationTest, HandoffTimeoutWhileTcpSendIsStuck) {
   EXPECT_THAT(result.last.error.message(),
               HasSubstr("was not confirmed within 0.3 s"));
   ExpectAllFree(*prefill);
-  // Closing the listener resets the connection; the detached sender ends
-  // and the engine joins it.
+  // Closing the peer resets the connection; the detached sender ends and
+  // the engine joins it.
+  answer.join();
+  peer.Reset();
   listener->Reset();
   prefill.reset();
 }

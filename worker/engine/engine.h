@@ -77,6 +77,11 @@ struct PrefillOptions {
 struct ImportOptions {
   // Id of the transfer the prefill side will send (as in its KvSink).
   uint64_t transfer_id = 0;
+  // The transfer's secret, which its sender must prove (kv_wire.h); the
+  // receiver reads it through ImportCallbacks().secret.
+  std::string secret;
+  // The model id every layer header must carry; empty: not checked.
+  std::string model_id;
   // Tokens the imported cache holds (the prompt), >= 1.
   int64_t num_prompt_tokens = 0;
   // The request's max_tokens; blocks are reserved for prompt + max_tokens.
@@ -158,6 +163,9 @@ class Engine {
   // writes at device_kv_pool(); FailedPrecondition when the runner keeps no
   // device pool (the sender should use HOST_TCP).
   absl::StatusOr<KvTransferTarget> DeviceImportTarget(uint64_t transfer_id);
+  // The reserved transfer's secret (ImportOptions::secret), without side
+  // effects; NotFound for an unknown transfer.
+  absl::StatusOr<std::string> ImportSecret(uint64_t transfer_id);
   // KvReceiverCallbacks::on_done: OK marks the import landed; an error frees
   // the reservation (StartImportedDecode then returns that error).
   void ImportDone(uint64_t transfer_id, absl::Status status);
@@ -220,6 +228,8 @@ class Engine {
     enum class State { kReserved, kTransferring, kLanded, kFailed };
     std::string request_id;
     uint64_t transfer_id = 0;
+    std::string secret;
+    std::string model_id;
     int64_t num_tokens = 0;
     int64_t max_tokens = 0;
     BlockTable table;

@@ -131,6 +131,8 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
   auto slot = std::make_unique<ImportSlot>();
   slot->request_id = request_id;
   slot->transfer_id = options.transfer_id;
+  slot->secret = options.secret;
+  slot->model_id = options.model_id;
   slot->num_tokens = options.num_prompt_tokens;
   slot->max_tokens = options.max_tokens;
   slot->on_landed = options.on_landed;
@@ -160,6 +162,8 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
   reservation.target.expected_layout = cache_->layout();
   reservation.target.num_tokens = slot->num_tokens;
   reservation.target.cache_mutex = &cache_mu_;
+  reservation.target.expected_model_id = slot->model_id;
+  reservation.target.expected_request_id = slot->request_id;
   imports_by_transfer_.emplace(options.transfer_id, slot.get());
   imports_.emplace(request_id, std::move(slot));
   return reservation;
@@ -187,7 +191,19 @@ absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id,
   target.expected_layout = cache_->layout();
   target.num_tokens = slot->num_tokens;
   target.cache_mutex = &cache_mu_;
+  target.expected_model_id = slot->model_id;
+  target.expected_request_id = slot->request_id;
   return target;
+}
+
+absl::StatusOr<std::string> Engine::ImportSecret(uint64_t transfer_id) {
+  absl::MutexLock lock(&cache_mu_);
+  auto it = imports_by_transfer_.find(transfer_id);
+  if (it == imports_by_transfer_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no KV reservation for transfer ", transfer_id));
+  }
+  return it->second->secret;
 }
 
 absl::StatusOr<KvTransferTarget> Engine::DeviceImportTarget(
@@ -231,6 +247,9 @@ void Engine::ImportDone(uint64_t transfer_id, absl::Status status) {
 
 KvReceiverCallbacks Engine::ImportCallbacks() {
   KvReceiverCallbacks callbacks;
+  callbacks.secret = [this](uint64_t transfer_id) {
+    return ImportSecret(transfer_id);
+  };
   callbacks.lookup = [this](uint64_t transfer_id) {
     return ImportTarget(transfer_id);
   };

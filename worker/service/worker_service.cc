@@ -49,9 +49,6 @@ WorkerService::WorkerService(const WorkerServiceOptions& options,
                              Engine* engine)
     : options_(options),
       engine_(engine),
-      // Transfer ids from different worker lifetimes should not collide.
-      next_transfer_id_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())
-                        << 8),
       metrics_(std::make_unique<WorkerMetrics>(
           options.metrics_registry != nullptr ? *options.metrics_registry
                                               : metrics::Registry(),
@@ -244,6 +241,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   } else {
     TcpKvSenderOptions sender_options;
     sender_options.pool = kv_connections_;
+    sender_options.transfer_secret = target.transfer_secret();
     prefill_options.make_sink = TcpKvSinkFactory(
         tcp->address(), transfer_id, options_.model_id, sender_options);
   }

@@ -233,7 +233,6 @@ class WorkerService final : public v1::Worker::CallbackService {
   const std::shared_ptr<TcpKvConnectionPool> kv_connections_ =
       std::make_shared<TcpKvConnectionPool>();
   std::unique_ptr<EngineLoop> loop_;
-  std::atomic<uint64_t> next_transfer_id_;
   const std::unique_ptr<WorkerMetrics> metrics_;
   // Prompt tokens submitted whose prefill has not finished.
   std::atomic<int64_t> queued_prefill_tokens_{0};

@@ -8,6 +8,7 @@
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
 #include "worker/service/worker_service_internal.h"
+#include "worker/transport/kv_wire.h"
 
 namespace baton {
 
@@ -75,7 +76,10 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
                            "num_prompt_tokens: ", request->num_prompt_tokens(),
                            " must be >= 1")));
   }
-  const uint64_t transfer_id = next_transfer_id_.fetch_add(1);
+  // Unguessable: a transfer id names a reservation anyone on the KV network
+  // could otherwise quote, and the secret is what its sender must prove.
+  const uint64_t transfer_id = NewKvTransferId();
+  const std::string secret = NewKvSecret();
   {
     absl::MutexLock lock(&mu_);
     if (imports_.contains(id) || locals_.contains(id)) {
@@ -93,6 +97,8 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   }
   ImportOptions import_options;
   import_options.transfer_id = transfer_id;
+  import_options.secret = secret;
+  import_options.model_id = options_.model_id;
   import_options.num_prompt_tokens = request->num_prompt_tokens();
   import_options.max_tokens = request->max_tokens();
   import_options.on_landed = [this, id](absl::Status status) {
@@ -106,6 +112,7 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     return FinishUnary(context, reservation.status());
   }
   response->set_transfer_id(absl::StrCat(transfer_id));
+  response->set_transfer_secret(secret);
   response->mutable_endpoint()->set_transport(v1::KV_TRANSPORT_HOST_TCP);
   response->mutable_endpoint()->set_address(receiver_->endpoint());
   if (device_receiver_ != nullptr) {

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/service/worker_service_test_fixture.h"
+#include "worker/transport/kv_wire.h"
 
 namespace baton::worker_service_test {
 namespace {
@@ -39,6 +40,9 @@ TEST_F(WorkerServiceTest, SplitRequestMatchesInProcessEngine) {
   }
   EXPECT_GT(reserved.blocks_reserved(), 0);
   EXPECT_EQ(reserved.endpoint().address(), decode->service->kv_endpoint());
+  // The reservation's secret, which only the prefill worker it is handed to
+  // can prove (kv_wire.h).
+  EXPECT_EQ(reserved.transfer_secret().size(), kKvSecretBytes);
 
   v1::PrefillRequest request;
   request.set_request_id("split-1");
@@ -47,6 +51,7 @@ TEST_F(WorkerServiceTest, SplitRequestMatchesInProcessEngine) {
   *request.mutable_sampling() = Greedy();
   *request.mutable_kv_target()->mutable_endpoint() = reserved.endpoint();
   request.mutable_kv_target()->set_transfer_id(reserved.transfer_id());
+  request.mutable_kv_target()->set_transfer_secret(reserved.transfer_secret());
   int32_t first = -1;
   bool handoff = false;
   const grpc::Status prefilled =
@@ -127,6 +132,7 @@ TEST_F(WorkerServiceTest, DecodeBeforeTransferWaitsForIt) {
   *request.mutable_sampling() = Greedy();
   *request.mutable_kv_target()->mutable_endpoint() = reserved.endpoint();
   request.mutable_kv_target()->set_transfer_id(reserved.transfer_id());
+  request.mutable_kv_target()->set_transfer_secret(reserved.transfer_secret());
   int32_t first = -1;
   bool handoff = false;
   const grpc::Status prefilled =

@@ -207,6 +207,8 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     *request.mutable_kv_target()->mutable_alternatives() =
         reserved->alternatives();
     request.mutable_kv_target()->set_transfer_id(reserved->transfer_id());
+    request.mutable_kv_target()->set_transfer_secret(
+        reserved->transfer_secret());
     int32_t first = -1;
     bool handoff = false;
     v1::PrefillHandoff report;

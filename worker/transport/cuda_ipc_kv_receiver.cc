@@ -258,6 +258,12 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
         return absl::InvalidArgumentError(
             absl::StrCat("KV transfer ", t.id, ": layer ", f.header.layer,
                          " reported landed without a grant"));
+      case KvFrameKind::kHello:
+      case KvFrameKind::kChallenge:
+      case KvFrameKind::kProof:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KV transfer ", t.id, ": frame kind ", static_cast<int>(f.kind),
+            " is not part of the CUDA IPC exchange"));
       case KvFrameKind::kLayer:
         BATON_RETURN_IF_ERROR(ServeLayer(fd, t, f, grant_outstanding));
         break;

@@ -136,6 +136,11 @@ absl::Status ValidateLayerHeader(const KvTransferHeader& header,
         absl::StrCat(where, "model_id '", header.model_id, "' vs expected '",
                      target.expected_model_id, "'"));
   }
+  if (!target.expected_request_id.empty() &&
+      header.request_id != target.expected_request_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "request_id vs expected '", target.expected_request_id, "'"));
+  }
   if (header.layer < 0 || header.layer >= target.expected_layout.num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, "layer must be in [0, ",

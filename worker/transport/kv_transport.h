@@ -146,8 +146,9 @@ struct KvTransferTarget {
   const BlockTable* table = nullptr;  // reserved for >= num_tokens tokens
   KvLayout expected_layout;           // usually cache->layout()
   int64_t num_tokens = 0;             // tokens every layer must carry
-  // If non-empty, headers must carry exactly this model id.
+  // If non-empty, headers must carry exactly this model id / request id.
   std::string expected_model_id;
+  std::string expected_request_id;
   // Optional: the receiver holds it in shared (reader) mode while it reads
   // the table (the block addresses of a layer), so an owner that takes it
   // exclusively around Reserve / SetNumTokens / Free on the same cache never
@@ -160,16 +161,22 @@ struct KvTransferTarget {
 // Callbacks run on the receiver's connection threads, possibly concurrently
 // for different transfers; they must be thread-safe and must not block long.
 struct KvReceiverCallbacks {
-  // Required. NotFound (or any error) rejects the transfer; the error is
-  // sent back to the sender.
+  // The transfer's secret (kv_wire.h: the sender proves it holds it before
+  // lookup runs), without side effects; NotFound for an unknown transfer.
+  // Null: any proof is accepted (tests of the data path alone).
+  std::function<absl::StatusOr<std::string>(uint64_t transfer_id)> secret;
+  // Required. Claims the transfer for this connection (e.g. marks the
+  // reservation as being written). NotFound (or any error) rejects the
+  // transfer; the error is sent back to the sender, and on_done is not
+  // called: the transfer, if it exists, is not this connection's (a second
+  // connection quoting a live transfer never touches it).
   std::function<absl::StatusOr<KvTransferTarget>(uint64_t transfer_id)> lookup;
   // Optional: `layer` of the transfer has been imported.
   std::function<void(uint64_t transfer_id, int64_t layer)> on_layer;
-  // Required. Called exactly once for every transfer whose first frame
-  // carried a transfer id (including ids lookup rejected): OK when every
-  // layer has landed (the caller may then SetNumTokens(num_tokens)), or the
-  // error that ended it. After it returns the receiver no longer touches the
-  // target, so the caller may Free the table.
+  // Required. Called exactly once for every transfer lookup returned a
+  // target for: OK when every layer has landed (the caller may then
+  // SetNumTokens(num_tokens)), or the error that ended it. After it returns the
+  // receiver no longer touches the target, so the caller may Free the table.
   std::function<void(uint64_t transfer_id, absl::Status status)> on_done;
 };
 

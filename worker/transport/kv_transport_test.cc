@@ -172,7 +172,7 @@ TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
   f.header.payload_bytes = 3 * kChunkBytes;
   f.header.checksum = 0x1122334455667788;  // not on the header
   KvFrameBytes b = EncodeKvFrame(f);
-  EXPECT_EQ(b[4], 3);  // version
+  EXPECT_EQ(b[4], 4);  // version
   for (size_t i = 56; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;
   auto decoded = DecodeKvFrame(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -185,7 +185,7 @@ TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
   // A version 2 header (checksum at offset 56) is refused by field.
   b[4] = 2;
   EXPECT_THAT(DecodeKvFrame(b).status().message(), HasSubstr("version 2"));
-  b[4] = 3;
+  b[4] = 4;
   b[60] = 1;
   EXPECT_THAT(DecodeKvFrame(b).status().message(),
               HasSubstr("reserved bytes [56, 64)"));
@@ -199,7 +199,86 @@ TEST(TcpKvTransportTest, UnknownTransferIdIsNotFound) {
   absl::Status s = SendLayer(*sender, src, 1234, 0);
   if (s.ok()) s = sender->Finish();
   EXPECT_TRUE(absl::IsNotFound(s)) << s;
-  EXPECT_TRUE(absl::IsNotFound(decode.WaitDone(1234)));
+  // Not a transfer of this receiver: nothing to report.
+  EXPECT_FALSE(decode.Reported(1234));
+}
+
+// Only the sender holding the reservation's secret may write: a wrong
+// secret is refused before any byte lands, nothing is reported, and the
+// reservation stays whole for the right sender.
+TEST(TcpKvTransportTest, WrongSecretIsRefusedAndLeavesTheReservationAlone) {
+  PrefillSide src(64, 30, 3);
+  DecodeSide decode(40);
+  decode.Expect(21, 30, "the-reservation-secret");
+  auto receiver = StartReceiver(decode);
+  const size_t call = TcpKvSenderOptions().send_call_bytes;
+  {
+    auto rogue = Connect(*receiver, 21, absl::Seconds(10), call, "a-guess");
+    absl::Status s = SendLayer(*rogue, src, 21, 0);
+    if (s.ok()) s = rogue->Finish();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+    EXPECT_THAT(s.message(), HasSubstr("does not match"));
+  }
+  EXPECT_FALSE(decode.Reported(21));
+  EXPECT_TRUE(decode.Untouched(21, 0));
+  auto sender =
+      Connect(*receiver, 21, absl::Seconds(10), call, "the-reservation-secret");
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(SendLayer(*sender, src, 21, l).ok()) << l;
+  }
+  EXPECT_TRUE(sender->Finish().ok());
+  EXPECT_TRUE(decode.WaitDone(21).ok());
+  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(21, src, l);
+}
+
+// A second connection quoting a transfer another connection is writing,
+// even with its secret, is refused without touching the first: no report,
+// no freed blocks, and the first completes with every byte in place.
+TEST(TcpKvTransportTest, SecondConnectionQuotingALiveTransferIsRefused) {
+  PrefillSide src(64, 30, 4);
+  DecodeSide decode(40);
+  decode.Expect(22, 30, "s");
+  auto receiver = StartReceiver(decode);
+  const size_t call = TcpKvSenderOptions().send_call_bytes;
+  auto first = Connect(*receiver, 22, absl::Seconds(10), call, "s");
+  ASSERT_TRUE(SendLayer(*first, src, 22, 0).ok());
+  // Until the receiver has claimed the transfer (layer 0 landed).
+  for (int i = 0; i < 6000 && decode.Layers(22).empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(decode.Layers(22).size(), 1u);
+  {
+    auto second = Connect(*receiver, 22, absl::Seconds(10), call, "s");
+    absl::Status s = SendLayer(*second, src, 22, 1);
+    if (s.ok()) s = second->Finish();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("another connection"));
+  }
+  EXPECT_FALSE(decode.Reported(22));
+  for (int64_t l = 1; l < kLayers; ++l) {
+    ASSERT_TRUE(SendLayer(*first, src, 22, l).ok()) << l;
+  }
+  EXPECT_TRUE(first->Finish().ok());
+  EXPECT_TRUE(decode.WaitDone(22).ok());
+  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(22, src, l);
+}
+
+// The wire's proof: HMAC-SHA256 under the secret, bound to the nonce and
+// the transfer id; any change of the three fails it.
+TEST(KvWireTest, ProofBindsSecretNonceAndTransfer) {
+  const KvNonce nonce = NewKvNonce();
+  const KvProofBytes proof = KvProof("secret", nonce, 7);
+  EXPECT_TRUE(KvProofMatches("secret", nonce, 7, proof));
+  EXPECT_FALSE(KvProofMatches("secreT", nonce, 7, proof));
+  EXPECT_FALSE(KvProofMatches("secret", nonce, 8, proof));
+  KvNonce other = nonce;
+  other[0] ^= 1;
+  EXPECT_FALSE(KvProofMatches("secret", other, 7, proof));
+  EXPECT_FALSE(KvProofMatches("secret", nonce, 7,
+                              std::span<const uint8_t>(proof).first(31)));
+  EXPECT_NE(NewKvNonce(), nonce);
+  EXPECT_NE(NewKvTransferId(), NewKvTransferId());
+  EXPECT_EQ(NewKvSecret().size(), kKvSecretBytes);
 }
 
 // A raw client that sends layer 0 in full, then `extra` bytes of layer 1,
@@ -248,9 +327,9 @@ TEST(TcpKvTransportTest, SequentialTransfersDoNotAccumulateThreads) {
   const auto before = threads();
   for (uint64_t id = 300; id < 340; ++id) {
     auto sender = Connect(*receiver, id);
-    sender->Abort(absl::CancelledError("probe"));
-    // No reservation: lookup rejects the transfer, which still ends it.
-    EXPECT_TRUE(absl::IsNotFound(decode.WaitDone(id))) << id;
+    // No reservation: the receiver refuses the transfer and ends the
+    // connection.
+    EXPECT_TRUE(absl::IsNotFound(sender->Finish())) << id;
   }
   // Finished connection threads are joined by the listener (at its next
   // wake-up, within a second): wait for that, not for a fixed time, which a

@@ -105,9 +105,11 @@ class DecodeSide {
 
   KvCache* cache() { return cache_.get(); }
 
-  // Reserves num_tokens and fills every layer of the blocks with kSentinel.
-  void Expect(uint64_t id, int64_t num_tokens) {
+  // Reserves num_tokens and fills every layer of the blocks with kSentinel;
+  // the transfer's sender must prove `secret`.
+  void Expect(uint64_t id, int64_t num_tokens, std::string secret = "") {
     absl::MutexLock lock(&mu_);
+    secrets_[id] = std::move(secret);
     BlockTable& t = tables_[id];
     ASSERT_TRUE(cache_->Reserve(t, num_tokens).ok());
     std::vector<uint8_t> fill(cache_->LayerBytesForTokens(num_tokens),
@@ -120,6 +122,15 @@ class DecodeSide {
 
   KvReceiverCallbacks Callbacks() {
     KvReceiverCallbacks cb;
+    cb.secret = [this](uint64_t id) -> absl::StatusOr<std::string> {
+      absl::MutexLock lock(&mu_);
+      auto it = secrets_.find(id);
+      if (it == secrets_.end()) {
+        return absl::NotFoundError("no reservation for transfer " +
+                                   std::to_string(id));
+      }
+      return it->second;
+    };
     cb.lookup = [this](uint64_t id) -> absl::StatusOr<KvTransferTarget> {
       absl::MutexLock lock(&mu_);
       auto it = tables_.find(id);
@@ -133,6 +144,7 @@ class DecodeSide {
       t.expected_layout = cache_->layout();
       t.num_tokens = tokens_[id];
       t.expected_model_id = "smollm2-135m";
+      t.expected_request_id = "req-" + std::to_string(id);
       t.cache_mutex = &cache_mu_;
       return t;
     };
@@ -159,6 +171,12 @@ class DecodeSide {
       return absl::DeadlineExceededError("test wait");
     }
     return done_[id];
+  }
+
+  // Whether on_done came for the transfer (so far).
+  bool Reported(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return done_.count(id) > 0;
   }
 
   std::vector<int64_t> Layers(uint64_t id) {
@@ -212,6 +230,7 @@ class DecodeSide {
   absl::Mutex mu_;
   std::map<uint64_t, BlockTable> tables_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, int64_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<int64_t>> layers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> done_ ABSL_GUARDED_BY(mu_);
 };
@@ -228,10 +247,12 @@ inline std::unique_ptr<TcpKvReceiver> StartReceiver(
 
 inline std::unique_ptr<TcpKvSender> Connect(
     const KvReceiver& r, uint64_t id, absl::Duration stall = absl::Seconds(10),
-    size_t send_call_bytes = TcpKvSenderOptions().send_call_bytes) {
+    size_t send_call_bytes = TcpKvSenderOptions().send_call_bytes,
+    const std::string& secret = "") {
   TcpKvSenderOptions o;
   o.stall_timeout = stall;
   o.send_call_bytes = send_call_bytes;
+  o.transfer_secret = secret;
   auto s = TcpKvSender::Connect(r.endpoint(), id, o);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(s).value();

@@ -1,6 +1,14 @@
 #include "worker/transport/kv_wire.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 
 namespace baton {
 namespace {
@@ -61,9 +69,9 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
   }
   KvFrame f;
   const uint16_t kind = Get<uint16_t>(b + 6);
-  if (kind < 1 || kind > 4) {
+  if (kind < 1 || kind > 7) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KV frame: kind ", kind, " must be in [1, 4]"));
+        absl::StrCat("KV frame: kind ", kind, " must be in [1, 7]"));
   }
   f.kind = static_cast<KvFrameKind>(kind);
   KvTransferHeader& h = f.header;
@@ -96,10 +104,18 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
       return absl::InvalidArgumentError(
           absl::StrCat("KV frame: num_tokens ", h.num_tokens, " must be >= 0"));
     }
-  } else if (f.kind == KvFrameKind::kFinish) {
+  } else if (f.kind == KvFrameKind::kFinish || f.kind == KvFrameKind::kHello) {
     if (h.payload_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV frame: finish payload_bytes ", h.payload_bytes, " must be 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV frame: finish/hello payload_bytes ", h.payload_bytes,
+                       " must be 0"));
+    }
+  } else if (f.kind == KvFrameKind::kChallenge ||
+             f.kind == KvFrameKind::kProof) {
+    if (h.payload_bytes != kKvNonceBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV frame: challenge/proof payload_bytes ",
+                       h.payload_bytes, " must be ", kKvNonceBytes));
     }
   } else if (f.status_code > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,6 +132,54 @@ KvTrailerBytes EncodeKvTrailer(uint64_t checksum) {
   KvTrailerBytes b{};
   Put<uint64_t>(b.data(), checksum);
   return b;
+}
+
+KvNonce NewKvNonce() {
+  KvNonce nonce{};
+  BATON_CHECK_EQ(RAND_bytes(nonce.data(), static_cast<int>(nonce.size())), 1);
+  return nonce;
+}
+
+uint64_t NewKvTransferId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    uint8_t bytes[8];
+    BATON_CHECK_EQ(RAND_bytes(bytes, sizeof(bytes)), 1);
+    id = Get<uint64_t>(bytes);
+  }
+  return id;
+}
+
+std::string NewKvSecret() {
+  std::string secret(kKvSecretBytes, '\0');
+  BATON_CHECK_EQ(RAND_bytes(reinterpret_cast<uint8_t*>(secret.data()),
+                            static_cast<int>(secret.size())),
+                 1);
+  return secret;
+}
+
+KvProofBytes KvProof(absl::string_view secret, const KvNonce& nonce,
+                     uint64_t transfer_id) {
+  static constexpr char kLabel[] = "baton-kv-proof-v1";
+  std::array<uint8_t, sizeof(kLabel) - 1 + kKvNonceBytes + 8> message{};
+  std::copy(kLabel, kLabel + sizeof(kLabel) - 1, message.begin());
+  std::copy(nonce.begin(), nonce.end(), message.begin() + sizeof(kLabel) - 1);
+  Put<uint64_t>(message.data() + sizeof(kLabel) - 1 + kKvNonceBytes,
+                transfer_id);
+  KvProofBytes proof{};
+  unsigned int length = 0;
+  BATON_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                   message.data(), message.size(), proof.data(),
+                   &length) != nullptr);
+  BATON_CHECK_EQ(length, proof.size());
+  return proof;
+}
+
+bool KvProofMatches(absl::string_view secret, const KvNonce& nonce,
+                    uint64_t transfer_id, std::span<const uint8_t> proof) {
+  if (proof.size() != kKvProofBytes) return false;
+  const KvProofBytes expected = KvProof(secret, nonce, transfer_id);
+  return CRYPTO_memcmp(expected.data(), proof.data(), kKvProofBytes) == 0;
 }
 
 uint64_t DecodeKvTrailer(std::span<const uint8_t, kKvTrailerBytes> bytes) {

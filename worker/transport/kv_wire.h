@@ -5,10 +5,12 @@
 //
 //   off size field
 //     0    4 magic 0x5456_4B42 ("BKVT" in memory)
-//     4    2 version (3; version 2 carried the checksum at offset 56 of the
-//             header and had no trailer; version 1 also defined it as
-//             XXH3-64 of the whole payload)
-//     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status
+//     4    2 version (4; version 3 had no hello / challenge / proof;
+//             version 2 carried the checksum at offset 56 of the header and
+//             had no trailer; version 1 also defined it as XXH3-64 of the
+//             whole payload)
+//     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status, 5 hello,
+//             6 challenge, 7 proof
 //     8    8 transfer_id
 //    16    4 layer
 //    20    4 layout.num_layers
@@ -31,32 +33,46 @@
 // byte lands, and commits nothing before the trailer matched. Abort and
 // status frames carry the status message (<= kKvMaxMessageBytes) as
 // payload; finish frames none.
-// Sender to receiver: layer*, then finish or abort. Receiver to sender: one
-// status frame (OK after finish, or the error that ended the transfer).
+// Every transfer opens with a proof that the sender was invited: the
+// sender's hello (transfer_id, no payload), the receiver's challenge (a
+// fresh random nonce of kKvNonceBytes as payload), and the sender's proof
+// (KvProof: HMAC-SHA256 under the transfer's secret, kKvProofBytes as
+// payload). The receiver writes nothing, and claims no reservation, before
+// the proof matched.
+// Sender to receiver: hello, proof, layer*, then finish or abort. Receiver
+// to sender: challenge, then one status frame (OK after finish, or the
+// error that ended the transfer, or refused it).
 #ifndef BATON_WORKER_TRANSPORT_KV_WIRE_H_
 #define BATON_WORKER_TRANSPORT_KV_WIRE_H_
 
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "worker/transport/kv_transport.h"
 
 namespace baton {
 
 inline constexpr uint32_t kKvWireMagic = 0x54564B42;
-inline constexpr uint16_t kKvWireVersion = 3;
+inline constexpr uint16_t kKvWireVersion = 4;
 inline constexpr size_t kKvFrameHeaderBytes = 72;
 inline constexpr size_t kKvTrailerBytes = 8;
 inline constexpr size_t kKvMaxMessageBytes = 4096;
+inline constexpr size_t kKvNonceBytes = 32;
+inline constexpr size_t kKvProofBytes = 32;
 
 enum class KvFrameKind : uint16_t {
   kLayer = 1,
   kFinish = 2,
   kAbort = 3,
   kStatus = 4,
+  kHello = 5,
+  kChallenge = 6,
+  kProof = 7,
 };
 
 // A decoded frame header. For layer frames `header` is complete once the
@@ -88,6 +104,25 @@ using KvTrailerBytes = std::array<uint8_t, kKvTrailerBytes>;
 // The layer trailer: `checksum` as 8 little-endian bytes, and back.
 KvTrailerBytes EncodeKvTrailer(uint64_t checksum);
 uint64_t DecodeKvTrailer(std::span<const uint8_t, kKvTrailerBytes> bytes);
+
+using KvNonce = std::array<uint8_t, kKvNonceBytes>;
+using KvProofBytes = std::array<uint8_t, kKvProofBytes>;
+
+inline constexpr size_t kKvSecretBytes = 32;
+
+// Fresh random values (OpenSSL's RAND_bytes): a challenge's nonce, a
+// reservation's transfer id (never 0) and its secret.
+KvNonce NewKvNonce();
+uint64_t NewKvTransferId();
+std::string NewKvSecret();
+// HMAC-SHA256 keyed by `secret` over "baton-kv-proof-v1", the nonce and the
+// transfer id (8 little-endian bytes).
+KvProofBytes KvProof(absl::string_view secret, const KvNonce& nonce,
+                     uint64_t transfer_id);
+// Whether `proof` is KvProof(secret, nonce, transfer_id), compared in
+// constant time.
+bool KvProofMatches(absl::string_view secret, const KvNonce& nonce,
+                    uint64_t transfer_id, std::span<const uint8_t> proof);
 
 }  // namespace baton
 

@@ -172,10 +172,14 @@ absl::Status NcclKvReceiver::ServeFrame(Pair* pair, NcclPairComm& comm,
       return absl::OkStatus();
     }
     case KvFrameKind::kStatus:
+    case KvFrameKind::kHello:
+    case KvFrameKind::kChallenge:
+    case KvFrameKind::kProof:
       break;
   }
-  return absl::InternalError(absl::StrCat("NCCL pair '", comm.comm_key(),
-                                          "': sender sent a status frame"));
+  return absl::InternalError(
+      absl::StrCat("NCCL pair '", comm.comm_key(), "': sender sent frame kind ",
+                   static_cast<int>(c.frame.kind), " (status or TCP opening)"));
 }
 
 NcclKvReceiver::Transfer* NcclKvReceiver::StartOrFind(Pair* pair,

@@ -1,6 +1,10 @@
 #include "worker/transport/tcp_kv_internal.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 
 namespace baton::tcp_kv_internal {
 
@@ -18,6 +22,50 @@ absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
   iovec iov[2] = {{bytes.data(), bytes.size()},
                   {const_cast<char*>(msg.data()), msg.size()}};
   return SendAllV(fd, iov, 2, io, "sending KV status frame");
+}
+
+absl::Status ProveInvited(int fd, uint64_t transfer_id,
+                          absl::string_view secret, const SocketIoOptions& io) {
+  KvFrame hello;
+  hello.kind = KvFrameKind::kHello;
+  hello.header.transfer_id = transfer_id;
+  KvFrameBytes hello_bytes = EncodeKvFrame(hello);
+  iovec hello_iov[1] = {{hello_bytes.data(), hello_bytes.size()}};
+  BATON_RETURN_IF_ERROR(SendAllV(fd, hello_iov, 1, io, "sending the KV hello"));
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, bytes, io, "reading the KV receiver's challenge"));
+  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+  if (f.kind == KvFrameKind::kStatus) {
+    std::string msg(f.header.payload_bytes, '\0');
+    BATON_RETURN_IF_ERROR(RecvExact(
+        fd,
+        std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
+        io, "reading the KV receiver's refusal"));
+    return absl::Status(
+        f.status_code == 0 ? absl::StatusCode::kInternal
+                           : static_cast<absl::StatusCode>(f.status_code),
+        absl::StrCat("KV receiver refused transfer ", transfer_id, ": ", msg));
+  }
+  if (f.kind != KvFrameKind::kChallenge ||
+      f.header.transfer_id != transfer_id) {
+    return absl::InternalError(
+        absl::StrCat("KV receiver answered the hello of transfer ", transfer_id,
+                     " with frame kind ", static_cast<int>(f.kind),
+                     " of transfer ", f.header.transfer_id));
+  }
+  KvNonce nonce{};
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, nonce, io, "reading the KV challenge's nonce"));
+  KvProofBytes proof = KvProof(secret, nonce, transfer_id);
+  KvFrame proof_frame;
+  proof_frame.kind = KvFrameKind::kProof;
+  proof_frame.header.transfer_id = transfer_id;
+  proof_frame.header.payload_bytes = proof.size();
+  KvFrameBytes proof_bytes = EncodeKvFrame(proof_frame);
+  iovec proof_iov[2] = {{proof_bytes.data(), proof_bytes.size()},
+                        {proof.data(), proof.size()}};
+  return SendAllV(fd, proof_iov, 2, io, "sending the KV proof");
 }
 
 void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "worker/transport/kv_wire.h"
 #include "worker/transport/socket_io.h"
@@ -22,6 +23,12 @@ inline constexpr absl::Duration kMaxLinger = absl::Seconds(2);
 absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
                              const absl::Status& status,
                              const SocketIoOptions& io);
+
+// The sender's side of a transfer's opening (kv_wire.h): hello, the
+// receiver's challenge, the proof of `secret`. The receiver's refusal comes
+// back as its status (code kept).
+absl::Status ProveInvited(int fd, uint64_t transfer_id,
+                          absl::string_view secret, const SocketIoOptions& io);
 
 // Appends [base, base + len) to iov, merged into the last entry when it
 // continues it (adjacent block ids are adjacent in a layer of the pool).

@@ -139,11 +139,18 @@ void TcpKvReceiver::Serve(int raw_fd) {
   while (true) {
     uint64_t transfer_id = 0;
     bool known = false;
-    status = ServeTransfer(fd.get(), &transfer_id, &known);
+    bool claimed = false;
+    status = ServeTransfer(fd.get(), &transfer_id, &known, &claimed);
     // No frame of a new transfer: the sender closed an idle connection (OK),
     // the connection stayed idle past idle_timeout, or shutdown began.
     if (!known) return;
-    callbacks_.on_done(transfer_id, status);
+    // A transfer this connection never claimed (no proof, or lookup
+    // refused it) is not reported: it may be another connection's.
+    if (claimed) {
+      callbacks_.on_done(transfer_id, status);
+      absl::MutexLock lock(&mu_);
+      live_.erase(transfer_id);
+    }
     io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
     io.cancel_fd = wake_fd_.get();
     if (!SendStatusFrame(fd.get(), KvFrameKind::kStatus, transfer_id, status,
@@ -166,8 +173,42 @@ void TcpKvReceiver::Serve(int raw_fd) {
   }
 }
 
+absl::Status TcpKvReceiver::CheckProof(int fd, uint64_t transfer_id,
+                                       const SocketIoOptions& io) {
+  const KvNonce nonce = NewKvNonce();
+  KvFrame challenge;
+  challenge.kind = KvFrameKind::kChallenge;
+  challenge.header.transfer_id = transfer_id;
+  challenge.header.payload_bytes = nonce.size();
+  KvFrameBytes challenge_bytes = EncodeKvFrame(challenge);
+  iovec iov[2] = {{challenge_bytes.data(), challenge_bytes.size()},
+                  {const_cast<uint8_t*>(nonce.data()), nonce.size()}};
+  BATON_RETURN_IF_ERROR(SendAllV(fd, iov, 2, io, "sending the KV challenge"));
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, bytes, io, "waiting for the KV sender's proof"));
+  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+  if (f.kind != KvFrameKind::kProof || f.header.transfer_id != transfer_id) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "KV transfer ", transfer_id, ": frame kind ", static_cast<int>(f.kind),
+        " of transfer ", f.header.transfer_id, " instead of the proof"));
+  }
+  KvProofBytes proof{};
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, proof, io, "reading the KV sender's proof"));
+  if (!callbacks_.secret) return absl::OkStatus();
+  BATON_ASSIGN_OR_RETURN(const std::string secret,
+                         callbacks_.secret(transfer_id));
+  if (!KvProofMatches(secret, nonce, transfer_id, proof)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "KV transfer ", transfer_id,
+        ": the sender's proof does not match the reservation's secret"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
-                                          bool* known) {
+                                          bool* known, bool* claimed) {
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
   io.cancel_fd = wake_fd_.get();
@@ -216,13 +257,40 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     if (!*known) {
       *transfer_id = f.header.transfer_id;
       *known = true;
-      BATON_ASSIGN_OR_RETURN(target, callbacks_.lookup(*transfer_id));
+      if (f.kind != KvFrameKind::kHello) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "KV transfer ", *transfer_id, ": the first frame is kind ",
+            static_cast<int>(f.kind), ", not a hello (KV wire version ",
+            kKvWireVersion, ")"));
+      }
+      // Nothing is claimed or written before the sender proved the
+      // transfer's secret; a transfer another connection holds is refused
+      // without touching it.
+      BATON_RETURN_IF_ERROR(CheckProof(fd, *transfer_id, io));
+      {
+        absl::MutexLock lock(&mu_);
+        if (!live_.insert(*transfer_id).second) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("KV transfer ", *transfer_id,
+                           " is being received on another connection"));
+        }
+      }
+      absl::StatusOr<KvTransferTarget> looked_up =
+          callbacks_.lookup(*transfer_id);
+      if (!looked_up.ok()) {
+        absl::MutexLock lock(&mu_);
+        live_.erase(*transfer_id);
+        return looked_up.status();
+      }
+      *claimed = true;
+      target = std::move(*looked_up);
       if (target.cache == nullptr || target.table == nullptr) {
         return absl::InternalError(absl::StrCat(
             "KV transfer ", *transfer_id, ": lookup returned no cache/table"));
       }
       landed.assign(static_cast<size_t>(target.expected_layout.num_layers),
                     false);
+      continue;
     } else if (f.header.transfer_id != *transfer_id) {
       return absl::InvalidArgumentError(
           absl::StrCat("KV frame transfer_id ", f.header.transfer_id,
@@ -237,6 +305,12 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
         }
       }
       return absl::OkStatus();
+    }
+    if (f.kind == KvFrameKind::kHello || f.kind == KvFrameKind::kChallenge ||
+        f.kind == KvFrameKind::kProof) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV transfer ", *transfer_id, ": frame kind ",
+                       static_cast<int>(f.kind), " in the middle of it"));
     }
     if (f.kind != KvFrameKind::kLayer) {
       std::string msg(f.header.payload_bytes, '\0');

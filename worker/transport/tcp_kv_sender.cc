@@ -34,8 +34,20 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
     BATON_ASSIGN_OR_RETURN(fd, TcpConnect(endpoint, options.stall_timeout,
                                           options.socket_buffer_bytes));
   }
-  return std::unique_ptr<TcpKvSender>(new TcpKvSender(
+  std::unique_ptr<TcpKvSender> sender(new TcpKvSender(
       std::move(fd), std::string(endpoint), transfer_id, options));
+  if (absl::Status s = sender->ProveInvited(); !s.ok()) {
+    sender->done_ = true;  // nothing to abort: the receiver refused it
+    return sender->Fail(std::move(s));
+  }
+  return sender;
+}
+
+absl::Status TcpKvSender::ProveInvited() {
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  return tcp_kv_internal::ProveInvited(fd_.get(), transfer_id_,
+                                       options_.transfer_secret, io);
 }
 
 TcpKvSender::TcpKvSender(UniqueFd fd, std::string endpoint,

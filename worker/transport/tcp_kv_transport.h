@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,9 @@ struct TcpKvSenderOptions {
   // connection there; otherwise each transfer connects afresh. Shared: a
   // sender keeps the pool alive until it is destroyed.
   std::shared_ptr<TcpKvConnectionPool> pool = nullptr;
+  // The transfer's secret from the receiver's reservation (ReserveKv): the
+  // sender proves it holds it before the first layer (kv_wire.h).
+  std::string transfer_secret = "";
 };
 
 class TcpKvSender : public KvSender {
@@ -91,6 +95,8 @@ class TcpKvSender : public KvSender {
   // Reads the receiver's status frame, waiting per io; returns the status it
   // carries (prefixed), or the I/O error.
   absl::Status ReadVerdict(const SocketIoOptions& io);
+  // Hello, the receiver's challenge, the proof of the transfer's secret.
+  absl::Status ProveInvited();
   // Remembers the first error and closes the socket.
   absl::Status Fail(absl::Status status);
 
@@ -164,9 +170,14 @@ class TcpKvReceiver : public KvReceiver {
   void Reap();
   void Serve(int fd);
   // Serves one transfer; returns its final status. *transfer_known is set
-  // once a frame carried a transfer id (then on_done is owed).
+  // once a frame carried a transfer id (then a status frame is owed), and
+  // *claimed once lookup returned its target (then on_done is owed).
   absl::Status ServeTransfer(int fd, uint64_t* transfer_id,
-                             bool* transfer_known);
+                             bool* transfer_known, bool* claimed);
+  // The hello's challenge and the sender's proof (kv_wire.h); OK once the
+  // sender proved the transfer's secret.
+  absl::Status CheckProof(int fd, uint64_t transfer_id,
+                          const SocketIoOptions& io);
 
   const TcpKvReceiverOptions options_;
   const KvReceiverCallbacks callbacks_;
@@ -178,6 +189,9 @@ class TcpKvReceiver : public KvReceiver {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // no new threads once set
   int num_serving_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
+  // Transfers a connection has claimed (lookup succeeded) and not ended:
+  // another connection quoting one is refused before lookup.
+  std::set<uint64_t> live_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton
