@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -142,14 +144,21 @@ TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
 // runs again, both hold nothing. The freeze comes at a known point: the
 // prefill worker stops itself at its first prompt step (fault point
 // prefill_step, after ReserveKv), the decode worker is frozen, then the
-// prefill worker continued.
+// prefill worker continued. The KV connection's own no-progress timeout
+// (--kv_stall_timeout_ms) is set past the test's deadline: the prefill
+// sender waits on the frozen receiver from its first layer on, and on a
+// slow host the prefill outlasts the default 10 s, which would fail the
+// request on the prefill worker before the coordinator's timer starts.
 TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
   LocalClusterOptions options;
   // The frozen worker must not be declared down, however long the prefill
   // before the transfer takes on this host.
   options.lease_ttl_ms = 3600000;
   options.coordinator_flags = {"--transfer_timeout_ms=1500"};
-  options.worker_flags = {"--fault=prefill_step:stop"};
+  options.worker_flags = {
+      "--fault=prefill_step:stop",
+      absl::StrCat("--kv_stall_timeout_ms=",
+                   absl::ToInt64Milliseconds(2 * DefaultTestDeadline()))};
   auto cluster = StartOrDie(options);
   ASSERT_NE(cluster, nullptr);
   LocalCluster::Worker& decode = cluster->workers()[1];

@@ -65,6 +65,9 @@ ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
 ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
           "a KV reservation (ReserveKv) whose transfer has not started after "
           "this long is freed, unless the request sets its own TTL");
+ABSL_FLAG(int64_t, kv_stall_timeout_ms, 10000,
+          "a TCP KV connection that makes no progress for this long fails "
+          "its transfer, on the sending and on the receiving side");
 ABSL_FLAG(int64_t, fault_after_steps, 0,
           "fault injection for tests: the engine's runner fails every step "
           "from this one on (the warm-up's steps count), as after a device "
@@ -305,6 +308,12 @@ int Main() {
   }
   options.reservation_ttl =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
+  if (absl::GetFlag(FLAGS_kv_stall_timeout_ms) < 1) {
+    Log("--kv_stall_timeout_ms must be >= 1");
+    return 2;
+  }
+  options.kv_stall_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms));
   options.peer_credentials = *control_credentials;
 #if BATON_WORKER_CUDA
   // A GPU worker also hands KV device to device: CUDA IPC with workers on

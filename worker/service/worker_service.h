@@ -56,6 +56,9 @@ struct WorkerServiceOptions {
   // reservation_ttl_ms (this default when the request gives 0) is freed by
   // ExpireReservations.
   absl::Duration reservation_ttl = absl::Minutes(10);
+  // A TCP KV connection (sending or receiving) that makes no progress for
+  // this long fails its transfer.
+  absl::Duration kv_stall_timeout = absl::Seconds(10);
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;

@@ -31,10 +31,13 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
   hello.header.transfer_id = transfer_id;
   KvFrameBytes hello_bytes = EncodeKvFrame(hello);
   iovec hello_iov[1] = {{hello_bytes.data(), hello_bytes.size()}};
-  BATON_RETURN_IF_ERROR(SendAllV(fd, hello_iov, 1, io, "sending the KV hello"));
-  KvFrameBytes bytes;
   BATON_RETURN_IF_ERROR(
-      RecvExact(fd, bytes, io, "reading the KV receiver's challenge"));
+      SendAllV(fd, hello_iov, 1, io,
+               absl::StrCat("sending the hello of KV transfer ", transfer_id)));
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(RecvExact(
+      fd, bytes, io,
+      absl::StrCat("reading the challenge for KV transfer ", transfer_id)));
   BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
   if (f.kind == KvFrameKind::kStatus) {
     std::string msg(f.header.payload_bytes, '\0');
@@ -56,7 +59,9 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
   }
   KvNonce nonce{};
   BATON_RETURN_IF_ERROR(
-      RecvExact(fd, nonce, io, "reading the KV challenge's nonce"));
+      RecvExact(fd, nonce, io,
+                absl::StrCat("reading the challenge nonce of KV transfer ",
+                             transfer_id)));
   KvProofBytes proof = KvProof(secret, nonce, transfer_id);
   KvFrame proof_frame;
   proof_frame.kind = KvFrameKind::kProof;
@@ -65,7 +70,9 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
   KvFrameBytes proof_bytes = EncodeKvFrame(proof_frame);
   iovec proof_iov[2] = {{proof_bytes.data(), proof_bytes.size()},
                         {proof.data(), proof.size()}};
-  return SendAllV(fd, proof_iov, 2, io, "sending the KV proof");
+  return SendAllV(
+      fd, proof_iov, 2, io,
+      absl::StrCat("sending the proof of KV transfer ", transfer_id));
 }
 
 void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {
