@@ -6,7 +6,8 @@
 #   scripts/demo.sh ["your prompt"]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/scripts/build.sh"
+# Only what the demo runs: the two servers and the client.
+bash "$ROOT/scripts/build.sh" baton-coordinator baton-worker baton
 PROMPT="${1:-Give me three tips for staying focused while studying.}"
 exec "$ROOT/scripts/local_cluster.sh" 1P1D --no-build -- sh -c \
   '"$0" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=200' \

@@ -71,7 +71,7 @@ done
 [[ ${#ROLES[@]} -gt 0 ]] || { echo "local_cluster: shape '$SHAPE' has no workers" >&2; exit 2; }
 
 if [[ $BUILD -eq 1 ]]; then
-  bash "$ROOT/scripts/build.sh" >&2
+  bash "$ROOT/scripts/build.sh" baton-coordinator baton-worker baton >&2
 fi
 [[ -f "$MODEL" ]] || { echo "local_cluster: no model at $MODEL (run scripts/setup.sh)" >&2; exit 1; }
 [[ -n "$LOGS" ]] || LOGS="$(mktemp -d /tmp/baton-cluster.XXXXXX)"
