@@ -58,7 +58,7 @@ SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
   kv_transport_fault_test tcp_kv_connection_pool_test disaggregation_test disaggregation_fault_test engine_device_runner_test worker_service_device_test
   cuda_ipc_api_test cuda_ipc_kv_transport_test coordinator_core_test
   generate_metrics_test http_unit_test http_cluster_test callback_gate_test
-  cluster_security_test)
+  cluster_security_test thread_pool_test)
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
