@@ -25,6 +25,7 @@
 #include "cli/status_command.h"
 #include "cli/synth_command.h"
 #include "cli/tokenize_command.h"
+#include "common/auth/client_flags.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model: a .gguf file, or an HF folder (config.json, tokenizer.json, "
@@ -69,16 +70,6 @@ ABSL_FLAG(int64_t, max_num_seqs, 64,
 ABSL_FLAG(std::string, server, "",
           "generate/status: HOST:PORT of a baton-coordinator; generate then "
           "runs there (--model, --threads and the engine flags are ignored)");
-ABSL_FLAG(std::string, tls_ca, "",
-          "generate/status --server: PEM CA bundle that signed the "
-          "coordinator's certificate (TLS); empty: plaintext");
-ABSL_FLAG(std::string, tls_cert, "",
-          "generate/status --server: PEM client certificate, for a "
-          "coordinator started with --tls_client_ca");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, api_key, "",
-          "generate/status --server: API key (sent as 'authorization: "
-          "Bearer KEY'); empty: $BATON_API_KEY if set");
 ABSL_FLAG(std::string, model_id, "",
           "generate --server: model id as the cluster lists it; empty = the "
           "only model served");
@@ -151,20 +142,6 @@ std::vector<std::string> TakeStops(int& argc, char** argv) {
   return stops;
 }
 
-// --tls_* and --api_key (or $BATON_API_KEY) for a --server.
-baton::ClientSecurity SecurityFlags() {
-  baton::ClientSecurity security;
-  security.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  security.tls.cert = absl::GetFlag(FLAGS_tls_cert);
-  security.tls.key = absl::GetFlag(FLAGS_tls_key);
-  security.api_key = absl::GetFlag(FLAGS_api_key);
-  if (const char* env = std::getenv("BATON_API_KEY");
-      security.api_key.empty() && env != nullptr) {
-    security.api_key = env;
-  }
-  return security;
-}
-
 baton::cli::GenerateOptions GenerateFlags(std::vector<std::string> stops) {
   baton::cli::GenerateOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
@@ -222,7 +199,7 @@ int main(int argc, char** argv) {
   } else if (command == "generate" && !absl::GetFlag(FLAGS_server).empty()) {
     baton::cli::RemoteGenerateOptions o;
     o.server = absl::GetFlag(FLAGS_server);
-    o.security = SecurityFlags();
+    o.security = baton::ClientSecurityFromFlags();
     o.model_id = absl::GetFlag(FLAGS_model_id);
     o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
     o.generate = GenerateFlags(std::move(stops));
@@ -239,7 +216,7 @@ int main(int argc, char** argv) {
   } else if (command == "status") {
     baton::cli::StatusOptions o;
     o.server = absl::GetFlag(FLAGS_server);
-    o.security = SecurityFlags();
+    o.security = baton::ClientSecurityFromFlags();
     o.include_down = absl::GetFlag(FLAGS_include_down);
     o.json = absl::GetFlag(FLAGS_json);
     o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);

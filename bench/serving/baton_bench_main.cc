@@ -28,17 +28,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/serving/bench.h"
+#include "common/auth/client_flags.h"
 
 ABSL_FLAG(std::string, server, "", "HOST:PORT of a baton-coordinator");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle that signed the coordinator's certificate (TLS); "
-          "empty: plaintext");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate, for a coordinator with --tls_client_ca");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, api_key, "",
-          "API key (sent as 'authorization: Bearer KEY'); empty: "
-          "$BATON_API_KEY if set");
 ABSL_FLAG(std::string, model, "",
           "model id as the server lists it; empty = the only one served");
 ABSL_FLAG(std::string, dataset_name, "random", "random or sharegpt");
@@ -138,14 +130,7 @@ int main(int argc, char** argv) {
     absl::StrAppend(&o.goodput, " ", arg);
   }
   o.server = absl::GetFlag(FLAGS_server);
-  o.security.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  o.security.tls.cert = absl::GetFlag(FLAGS_tls_cert);
-  o.security.tls.key = absl::GetFlag(FLAGS_tls_key);
-  o.security.api_key = absl::GetFlag(FLAGS_api_key);
-  if (const char* env = std::getenv("BATON_API_KEY");
-      o.security.api_key.empty() && env != nullptr) {
-    o.security.api_key = env;
-  }
+  o.security = baton::ClientSecurityFromFlags();
   o.dataset_name = absl::GetFlag(FLAGS_dataset_name);
   o.random.num_prompts = absl::GetFlag(FLAGS_num_prompts);
   o.random.input_len = absl::GetFlag(FLAGS_random_input_len);

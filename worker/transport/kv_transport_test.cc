@@ -191,6 +191,18 @@ TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
               HasSubstr("reserved bytes [56, 64)"));
 }
 
+// Sends layers [from, kLayers) of `src` as transfer `id` and finishes it;
+// then every layer has landed bit-exact.
+void FinishTransferAndCheck(TcpKvSender& sender, const PrefillSide& src,
+                            DecodeSide& decode, uint64_t id, int64_t from) {
+  for (int64_t l = from; l < kLayers; ++l) {
+    ASSERT_TRUE(SendLayer(sender, src, id, l).ok()) << l;
+  }
+  EXPECT_TRUE(sender.Finish().ok());
+  EXPECT_TRUE(decode.WaitDone(id).ok());
+  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(id, src, l);
+}
+
 TEST(TcpKvTransportTest, UnknownTransferIdIsNotFound) {
   PrefillSide src(64, 20, 3);
   DecodeSide decode(40);
@@ -223,12 +235,7 @@ TEST(TcpKvTransportTest, WrongSecretIsRefusedAndLeavesTheReservationAlone) {
   EXPECT_TRUE(decode.Untouched(21, 0));
   auto sender =
       Connect(*receiver, 21, absl::Seconds(10), call, "the-reservation-secret");
-  for (int64_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(SendLayer(*sender, src, 21, l).ok()) << l;
-  }
-  EXPECT_TRUE(sender->Finish().ok());
-  EXPECT_TRUE(decode.WaitDone(21).ok());
-  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(21, src, l);
+  FinishTransferAndCheck(*sender, src, decode, 21, /*from=*/0);
 }
 
 // A second connection quoting a transfer another connection is writing,
@@ -255,12 +262,7 @@ TEST(TcpKvTransportTest, SecondConnectionQuotingALiveTransferIsRefused) {
     EXPECT_THAT(s.message(), HasSubstr("another connection"));
   }
   EXPECT_FALSE(decode.Reported(22));
-  for (int64_t l = 1; l < kLayers; ++l) {
-    ASSERT_TRUE(SendLayer(*first, src, 22, l).ok()) << l;
-  }
-  EXPECT_TRUE(first->Finish().ok());
-  EXPECT_TRUE(decode.WaitDone(22).ok());
-  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(22, src, l);
+  FinishTransferAndCheck(*first, src, decode, 22, /*from=*/1);
 }
 
 // The wire's proof: HMAC-SHA256 under the secret, bound to the nonce and
@@ -281,8 +283,6 @@ TEST(KvWireTest, ProofBindsSecretNonceAndTransfer) {
   EXPECT_EQ(NewKvSecret().size(), kKvSecretBytes);
 }
 
-// A raw client that sends layer 0 in full, then `extra` bytes of layer 1,
-// then closes: the receiver reports Unavailable.
 TEST(TcpKvTransportTest, FourConcurrentSenders) {
   constexpr int kSenders = 4;
   std::vector<std::unique_ptr<PrefillSide>> srcs;

@@ -24,6 +24,21 @@ absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
   return SendAllV(fd, iov, 2, io, "sending KV status frame");
 }
 
+absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
+                            absl::string_view verb, const SocketIoOptions& io) {
+  std::string msg(frame.header.payload_bytes, '\0');
+  BATON_RETURN_IF_ERROR(RecvExact(
+      fd,
+      std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
+      io,
+      absl::StrCat("reading the KV receiver's message on transfer ",
+                   transfer_id)));
+  if (frame.status_code == 0) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(frame.status_code),
+      absl::StrCat("KV receiver ", verb, " transfer ", transfer_id, ": ", msg));
+}
+
 absl::Status ProveInvited(int fd, uint64_t transfer_id,
                           absl::string_view secret, const SocketIoOptions& io) {
   KvFrame hello;
@@ -40,15 +55,13 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
       absl::StrCat("reading the challenge for KV transfer ", transfer_id)));
   BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
   if (f.kind == KvFrameKind::kStatus) {
-    std::string msg(f.header.payload_bytes, '\0');
-    BATON_RETURN_IF_ERROR(RecvExact(
-        fd,
-        std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
-        io, "reading the KV receiver's refusal"));
-    return absl::Status(
-        f.status_code == 0 ? absl::StatusCode::kInternal
-                           : static_cast<absl::StatusCode>(f.status_code),
-        absl::StrCat("KV receiver refused transfer ", transfer_id, ": ", msg));
+    absl::Status refused = ReadStatusBody(fd, f, transfer_id, "refused", io);
+    if (refused.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "KV receiver answered the hello of transfer ", transfer_id,
+          " with an OK status instead of a challenge"));
+    }
+    return refused;
   }
   if (f.kind != KvFrameKind::kChallenge ||
       f.header.transfer_id != transfer_id) {

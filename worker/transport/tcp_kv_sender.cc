@@ -78,15 +78,8 @@ absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
                                             static_cast<int>(f.kind),
                                             " instead of a status"));
   }
-  std::string msg(f.header.payload_bytes, '\0');
-  BATON_RETURN_IF_ERROR(RecvExact(
-      fd_.get(),
-      std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
-      io, "reading the KV receiver's verdict message"));
-  if (f.status_code == 0) return absl::OkStatus();
-  return absl::Status(
-      static_cast<absl::StatusCode>(f.status_code),
-      absl::StrCat("KV receiver rejected transfer ", transfer_id_, ": ", msg));
+  return tcp_kv_internal::ReadStatusBody(fd_.get(), f, transfer_id_, "rejected",
+                                         io);
 }
 
 absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
