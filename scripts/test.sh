@@ -80,9 +80,9 @@ sanitized_run() {  # sanitizer, build dir, ctest arguments...
 DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
 stage asan
 sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
-# TSan runs 5-15x slower (and 50x in the matmul kernels): to keep CI within
-# its time, its cluster subset is client cancel, deadline expiry and the
-# health checks; the other cluster tests run under ASan only. (Frozen and
+# TSan runs 5-15x slower (its build leaves the matmul tiles uninstrumented,
+# kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
+# is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
 # killed workers, and the killed coordinator of the restart test, also make
 # gRPC's uninstrumented cancellation paths report
 # races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)

@@ -6,7 +6,6 @@
 # only the CUDA-free part is defined).
 baton_library(baton_cuda_ipc_transport
   SRCS ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_api.cc
-       ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_wire.cc
        ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_kv_sender.cc
        ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_kv_receiver.cc
   DEPS baton_kv_transport baton_kv_cache baton_common absl::status

@@ -52,6 +52,7 @@
 #include "worker/transport/kv_transport.h"
 #include "worker/transport/kv_wire.h"
 #include "worker/transport/nccl_comm_pool.h"
+#include "worker/transport/nccl_kv_wire.h"
 
 namespace baton {
 
@@ -61,22 +62,6 @@ std::unique_ptr<NcclApi> CreateCudaNcclApi();
 // cudaGetDeviceCount; an error status (naming the CUDA error) where there
 // is no driver or no device.
 absl::StatusOr<int> CudaDeviceCount();
-
-// --- Control messages (exposed for tests) ----------------------------------
-
-struct NcclControl {
-  KvFrame frame;        // for layer frames header.request_id/model_id set
-  std::string message;  // status and abort frames
-};
-
-// REQUIRES: ids within kKvMaxIdBytes; the message is cut to
-// kKvMaxMessageBytes. frame.header.payload_bytes of status / abort frames
-// is replaced by the message length.
-void EncodeNcclControl(const NcclControl& control,
-                       std::span<uint8_t, kNcclControlBytes> out);
-// InvalidArgument for anything DecodeKvFrame rejects.
-absl::StatusOr<NcclControl> DecodeNcclControl(
-    std::span<const uint8_t, kNcclControlBytes> in);
 
 // --- Sender ----------------------------------------------------------------
 
