@@ -9,6 +9,9 @@ namespace baton {
 
 CudaIpcKvReceiverCallbacks CudaIpcImportCallbacks(Engine* engine) {
   CudaIpcKvReceiverCallbacks callbacks;
+  callbacks.secret = [engine](uint64_t transfer_id) {
+    return engine->ImportSecret(transfer_id);
+  };
   callbacks.lookup =
       [engine](uint64_t transfer_id) -> absl::StatusOr<CudaIpcKvTarget> {
     BATON_ASSIGN_OR_RETURN(KvTransferTarget target,

@@ -30,12 +30,15 @@ absl::StatusOr<std::unique_ptr<GpuKvPaths>> GpuKvPaths::Create(
         CudaIpcKvReceiver::Start(api, ipc_options, CudaIpcImportCallbacks(e)));
     return std::unique_ptr<KvReceiver>(std::move(receiver));
   };
-  options->make_device_sink = [mappings = paths->ipc_mappings_.get()](
-                                  const std::string& address,
-                                  uint64_t transfer_id,
-                                  const std::string& model_id) {
-    return CudaIpcKvSinkFactory(mappings, address, transfer_id, model_id);
-  };
+  options->make_device_sink =
+      [mappings = paths->ipc_mappings_.get()](
+          const std::string& address, uint64_t transfer_id,
+          const std::string& model_id, const std::string& transfer_secret) {
+        CudaIpcKvSenderOptions sender_options;
+        sender_options.transfer_secret = transfer_secret;
+        return CudaIpcKvSinkFactory(mappings, address, transfer_id, model_id,
+                                    sender_options);
+      };
 
   // NCCL: workers on other GPUs, paired through PairKv.
   paths->nccl_api_ = CreateCudaNcclApi();

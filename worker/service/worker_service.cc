@@ -236,8 +236,9 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         options_.make_nccl_sink(device->address(), pair, options_.model_id);
     prefill_options.sink_reads_device_pool = true;
   } else if (device != nullptr) {
-    prefill_options.make_sink = options_.make_device_sink(
-        device->address(), transfer_id, options_.model_id);
+    prefill_options.make_sink =
+        options_.make_device_sink(device->address(), transfer_id,
+                                  options_.model_id, target.transfer_secret());
     prefill_options.sink_reads_device_pool = true;
   } else {
     TcpKvSenderOptions sender_options;

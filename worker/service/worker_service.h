@@ -84,7 +84,8 @@ struct WorkerServiceOptions {
   // engine's device pool (e.g. CudaIpcKvSinkFactory). Null: such endpoints
   // are passed over for HOST_TCP.
   std::function<KvSinkFactory(const std::string& address, uint64_t transfer_id,
-                              const std::string& model_id)>
+                              const std::string& model_id,
+                              const std::string& transfer_secret)>
       make_device_sink;
   // NCCL, between GPU workers on different devices (or nodes). Decode
   // side: expects transfer `transfer_id` on the pair (request.

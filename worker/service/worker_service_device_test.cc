@@ -42,11 +42,15 @@ class WorkerServiceDeviceTest : public WorkerServiceTest {
             if (!receiver.ok()) return receiver.status();
             return std::unique_ptr<KvReceiver>(std::move(*receiver));
           };
-          options.make_device_sink = [this](const std::string& address,
-                                            uint64_t transfer_id,
-                                            const std::string& model_id) {
+          options.make_device_sink = [this](
+                                         const std::string& address,
+                                         uint64_t transfer_id,
+                                         const std::string& model_id,
+                                         const std::string& transfer_secret) {
+            CudaIpcKvSenderOptions sender_options;
+            sender_options.transfer_secret = transfer_secret;
             return CudaIpcKvSinkFactory(mappings_.get(), address, transfer_id,
-                                        model_id);
+                                        model_id, sender_options);
           };
         });
   }

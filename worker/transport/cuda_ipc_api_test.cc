@@ -17,6 +17,7 @@
 #include "worker/transport/cuda_ipc_fake_api.h"
 #include "worker/transport/cuda_ipc_kv_transport.h"
 #include "worker/transport/cuda_ipc_wire.h"
+#include "worker/transport/kv_test_peer.h"
 
 namespace baton {
 namespace {
@@ -198,6 +199,7 @@ class ScriptedReceiver {
     UniqueFd fd(accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK));
     SocketIoOptions io;
     io.stall_timeout = absl::Seconds(5);
+    if (!kvtest::AnswerHello(fd.get(), io).ok()) return;
     KvFrameBytes bytes;
     if (!RecvExact(fd.get(), bytes, io, "frame").ok()) return;
     const KvFrame f = *DecodeKvFrame(bytes);

@@ -163,16 +163,22 @@ void CudaIpcKvReceiver::Serve(int raw_fd) {
   while (true) {
     uint64_t transfer_id = 0;
     bool known = false;
+    bool claimed = false;
     bool outstanding = false;
     const absl::Status status =
-        ServeTransfer(fd.get(), &transfer_id, &known, &outstanding);
+        ServeTransfer(fd.get(), &transfer_id, &known, &claimed, &outstanding);
     if (!known) return;  // closed (or idle, or shut down) between transfers
     // A copy the sender enqueued may still be landing: let it drain before
     // the caller may free the blocks.
     if (!status.ok() && outstanding) {
       absl::SleepFor(options_.outstanding_grant_grace);
     }
-    callbacks_.on_done(transfer_id, status);
+    // A transfer this connection never claimed is not reported: it may be
+    // another connection's.
+    if (claimed) {
+      callbacks_.on_done(transfer_id, status);
+      live_.Release(transfer_id);
+    }
     if (!SendCudaIpcVerdict(fd.get(), transfer_id, status, std::nullopt,
                             verdict_io)
              .ok() ||
@@ -196,7 +202,7 @@ void CudaIpcKvReceiver::Serve(int raw_fd) {
 }
 
 absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
-                                              bool* known,
+                                              bool* known, bool* claimed,
                                               bool* grant_outstanding) {
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
@@ -226,7 +232,24 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     if (!*known) {
       *transfer_id = t.id = f.header.transfer_id;
       *known = true;
-      BATON_ASSIGN_OR_RETURN(t.target, callbacks_.lookup(t.id));
+      if (f.kind != KvFrameKind::kHello) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "KV transfer ", t.id, ": the first frame is kind ",
+            static_cast<int>(f.kind), ", not a hello (KV wire version ",
+            kKvWireVersion, ")"));
+      }
+      // Nothing is claimed or granted before the sender proved the
+      // transfer's secret; a transfer another connection holds is refused
+      // without touching it.
+      BATON_RETURN_IF_ERROR(ChallengeSender(fd, t.id, callbacks_.secret, io));
+      BATON_RETURN_IF_ERROR(live_.Claim(t.id));
+      absl::StatusOr<CudaIpcKvTarget> looked_up = callbacks_.lookup(t.id);
+      if (!looked_up.ok()) {
+        live_.Release(t.id);
+        return looked_up.status();
+      }
+      *claimed = true;
+      t.target = *std::move(looked_up);
       if (t.target.target.cache == nullptr ||
           t.target.target.table == nullptr || t.target.device_pool == nullptr) {
         return absl::InternalError(
@@ -236,6 +259,7 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       t.landed.assign(static_cast<size_t>(std::max<int64_t>(
                           0, t.target.target.expected_layout.num_layers)),
                       false);
+      continue;
     } else if (f.header.transfer_id != t.id) {
       return absl::InvalidArgumentError(
           absl::StrCat("KV frame transfer_id ", f.header.transfer_id,

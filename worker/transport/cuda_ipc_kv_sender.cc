@@ -6,6 +6,7 @@
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "worker/transport/cuda_ipc_kv_transport.h"
+#include "worker/transport/kv_handshake.h"
 
 namespace baton {
 namespace {
@@ -64,6 +65,14 @@ absl::StatusOr<std::unique_ptr<CudaIpcKvSender>> CudaIpcKvSender::Connect(
   if (!fd.ok()) {
     if (IsPeerFailure(fd.status())) mappings->EvictPeer(endpoint);
     return fd.status();
+  }
+  SocketIoOptions io;
+  io.stall_timeout = options.stall_timeout;
+  if (absl::Status s =
+          ProveInvited(fd->get(), transfer_id, options.transfer_secret, io);
+      !s.ok()) {
+    if (IsPeerFailure(s)) mappings->EvictPeer(endpoint);
+    return s;
   }
   BATON_ASSIGN_OR_RETURN(CudaIpcStreamHandle stream,
                          mappings->api().StreamCreate(mappings->device()));

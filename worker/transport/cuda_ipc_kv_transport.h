@@ -7,6 +7,10 @@
 // (CudaIpcPeerMappings, cuda_ipc_api.h).
 //
 // Protocol for one transfer, sender S (prefill), receiver R (decode):
+//   S -> R  hello; R -> S challenge; S -> R proof  (kv_handshake.h: S proves
+//                           the reservation's secret; R claims nothing and
+//                           grants nothing before, and refuses a transfer
+//                           another connection holds)
 //   S -> R  layer frame     R looks the transfer up (first frame), checks the
 //                           header (ValidateLayerHeader, request id, table
 //                           capacity, layer not yet received) BEFORE anything
@@ -62,6 +66,7 @@
 #include "absl/time/time.h"
 #include "worker/transport/cuda_ipc_api.h"
 #include "worker/transport/cuda_ipc_wire.h"
+#include "worker/transport/kv_handshake.h"
 #include "worker/transport/kv_transport.h"
 #include "worker/transport/nccl_kv_transport.h"
 #include "worker/transport/socket_io.h"
@@ -78,6 +83,10 @@ struct CudaIpcKvSenderOptions {
   // Performance.
   // Sleep between polls of a copy still running (after a short spin).
   absl::Duration poll_interval = absl::Microseconds(20);
+
+  // The reservation's secret (KvTarget.transfer_secret), proved to the
+  // receiver when the connection opens (kv_handshake.h).
+  std::string transfer_secret = "";
 };
 
 // One run of the copies of a layer: where the sender's bytes come from.
@@ -174,11 +183,16 @@ struct CudaIpcKvTarget {
 // As KvReceiverCallbacks; called on the connection threads, possibly
 // concurrently for different transfers.
 struct CudaIpcKvReceiverCallbacks {
+  // Optional: the transfer's secret, which the sender must prove before
+  // lookup runs; null accepts any proof (tests of the data path alone).
+  KvSecretFn secret;
   // Required.
   std::function<absl::StatusOr<CudaIpcKvTarget>(uint64_t transfer_id)> lookup;
   // Optional.
   std::function<void(uint64_t transfer_id, int64_t layer)> on_layer;
-  // Required; exactly once per transfer whose first frame arrived.
+  // Required; exactly once per transfer that lookup returned (a transfer
+  // refused before, by its proof, as another connection's or by lookup,
+  // is not reported: it may be another connection's).
   std::function<void(uint64_t transfer_id, absl::Status status)> on_done;
 };
 
@@ -237,10 +251,11 @@ class CudaIpcKvReceiver : public KvReceiver {
   void Reap();
   void Serve(int fd);
   // Serves one transfer and returns its final status. *known is set once a
-  // frame carried a transfer id (then on_done is owed); *grant_outstanding
+  // frame carried a transfer id (then a verdict is owed), *claimed once
+  // lookup returned its target (then on_done is owed); *grant_outstanding
   // is true if it ended between a layer's OK and its "landed".
   absl::Status ServeTransfer(int fd, uint64_t* transfer_id, bool* known,
-                             bool* grant_outstanding);
+                             bool* claimed, bool* grant_outstanding);
   // A layer frame: validate, grant, wait for "landed".
   absl::Status ServeLayer(int fd, Transfer& t, const KvFrame& frame,
                           bool* grant_outstanding);
@@ -259,6 +274,7 @@ class CudaIpcKvReceiver : public KvReceiver {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
   std::map<const void*, CudaIpcExport> exports_ ABSL_GUARDED_BY(mu_);
+  LiveTransfers live_;  // claimed and not ended (kv_handshake.h)
 };
 
 }  // namespace baton

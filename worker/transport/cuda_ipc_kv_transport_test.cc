@@ -138,7 +138,44 @@ TEST_F(CudaIpcKvTransportTest, UnknownTransferIsRejected) {
       sender->SendLayerFromPool(h_.Header(100, 0), h_.Source());
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("no reservation"));
-  EXPECT_EQ(h_.DoneStatus(100)->code(), absl::StatusCode::kNotFound);
+  // Not a transfer of this receiver: nothing to report.
+  EXPECT_FALSE(h_.Reported(100));
+}
+
+// Only the sender holding the reservation's secret may write: a wrong
+// secret is refused before any grant; a second connection
+// quoting a transfer another connection holds is refused (even with the
+// secret) without touching it; neither is reported, and the first
+// transfer completes.
+TEST_F(CudaIpcKvTransportTest, OnlyTheInvitedConnectionWrites) {
+  h_.StartReceiver({}, "smollm", "the-secret");
+  CudaIpcKvSenderOptions guess;
+  guess.transfer_secret = "a-guess";
+  auto rogue = CudaIpcKvSender::Connect(h_.mappings_.get(),
+                                        h_.receiver_->endpoint(), 1, guess);
+  absl::Status refused = rogue.status();
+  if (refused.ok()) {
+    refused = (*rogue)->SendLayerFromPool(h_.Header(1, 0), h_.Source());
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
+  EXPECT_EQ(h_.api_.num_exports(), 0);  // no grant went out
+  CudaIpcKvSenderOptions invited;
+  invited.transfer_secret = "the-secret";
+  auto sender = h_.Connect(1, invited);
+  ASSERT_NE(sender, nullptr);
+  ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(1, 0), h_.Source()).ok());
+  auto second = CudaIpcKvSender::Connect(h_.mappings_.get(),
+                                         h_.receiver_->endpoint(), 1, invited);
+  absl::Status s = second.status();
+  if (s.ok()) s = (*second)->SendLayerFromPool(h_.Header(1, 1), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("another connection"));
+  EXPECT_FALSE(h_.Reported(1));
+  for (int64_t l = 1; l < 4; ++l) {
+    ASSERT_TRUE(sender->SendLayerFromPool(h_.Header(1, l), h_.Source()).ok());
+  }
+  EXPECT_TRUE(sender->Finish().ok());
+  EXPECT_TRUE(h_.DoneStatus(1)->ok());
 }
 
 TEST_F(CudaIpcKvTransportTest, FinishWithoutEveryLayerFails) {

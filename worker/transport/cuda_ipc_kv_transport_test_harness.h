@@ -75,10 +75,18 @@ class CudaIpcHarness {
     }
   }
 
+  // A non-empty `secret` is every transfer's (null secret callback: any
+  // proof is accepted).
   void StartReceiver(CudaIpcKvReceiverOptions options = {},
-                     std::string expected_model = "smollm") {
+                     std::string expected_model = "smollm",
+                     std::string secret = "") {
     options.outstanding_grant_grace = absl::Milliseconds(10);
     CudaIpcKvReceiverCallbacks cb;
+    if (!secret.empty()) {
+      cb.secret = [secret](uint64_t) -> absl::StatusOr<std::string> {
+        return secret;
+      };
+    }
     cb.lookup =
         [this, expected_model](uint64_t id) -> absl::StatusOr<CudaIpcKvTarget> {
       if (id >= 100) return absl::NotFoundError("no reservation");
@@ -175,6 +183,11 @@ class CudaIpcHarness {
     return ::testing::AssertionSuccess();
   }
 
+  // Whether on_done has reported `id` (so far).
+  bool Reported(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return done_.contains(id);
+  }
   absl::StatusOr<absl::Status> DoneStatus(
       uint64_t id, absl::Duration timeout = absl::Seconds(10)) {
     const absl::Time end = absl::Now() + timeout;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "worker/transport/kv_handshake.h"
 #include "worker/transport/kv_test_peer.h"
 #include "worker/transport/kv_transport_test_util.h"
 #include "worker/transport/tcp_kv_internal.h"
@@ -105,7 +106,7 @@ void DisconnectAfter(uint64_t extra_bytes_of_layer1) {
     auto fd = TcpConnect(receiver->endpoint(), absl::Seconds(5));
     ASSERT_TRUE(fd.ok()) << fd.status();
     SocketIoOptions io;
-    ASSERT_TRUE(tcp_kv_internal::ProveInvited(fd->get(), 11, "", io).ok());
+    ASSERT_TRUE(ProveInvited(fd->get(), 11, "", io).ok());
     for (int64_t l = 0; l < 2; ++l) {
       KvFrame f;
       f.header = src.Header(11, l);

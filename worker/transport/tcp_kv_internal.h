@@ -24,18 +24,6 @@ absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
                              const absl::Status& status,
                              const SocketIoOptions& io);
 
-// The rest of a status frame whose header `frame` was read: its message
-// (frame.header.payload_bytes, bounded by DecodeKvFrame). OK for code 0;
-// otherwise the frame's code with "KV receiver <verb> transfer N: message".
-absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
-                            absl::string_view verb, const SocketIoOptions& io);
-
-// The sender's side of a transfer's opening (kv_wire.h): hello, the
-// receiver's challenge, the proof of `secret`. The receiver's refusal comes
-// back as its status (code kept).
-absl::Status ProveInvited(int fd, uint64_t transfer_id,
-                          absl::string_view secret, const SocketIoOptions& io);
-
 // Appends [base, base + len) to iov, merged into the last entry when it
 // continues it (adjacent block ids are adjacent in a layer of the pool).
 void AppendIov(const void* base, size_t len, std::vector<iovec>* iov);

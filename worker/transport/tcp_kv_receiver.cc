@@ -148,8 +148,7 @@ void TcpKvReceiver::Serve(int raw_fd) {
     // refused it) is not reported: it may be another connection's.
     if (claimed) {
       callbacks_.on_done(transfer_id, status);
-      absl::MutexLock lock(&mu_);
-      live_.erase(transfer_id);
+      live_.Release(transfer_id);
     }
     io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
     io.cancel_fd = wake_fd_.get();
@@ -171,40 +170,6 @@ void TcpKvReceiver::Serve(int raw_fd) {
     const ssize_t n = recv(fd.get(), sink.data(), sink.size(), 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
   }
-}
-
-absl::Status TcpKvReceiver::CheckProof(int fd, uint64_t transfer_id,
-                                       const SocketIoOptions& io) {
-  const KvNonce nonce = NewKvNonce();
-  KvFrame challenge;
-  challenge.kind = KvFrameKind::kChallenge;
-  challenge.header.transfer_id = transfer_id;
-  challenge.header.payload_bytes = nonce.size();
-  KvFrameBytes challenge_bytes = EncodeKvFrame(challenge);
-  iovec iov[2] = {{challenge_bytes.data(), challenge_bytes.size()},
-                  {const_cast<uint8_t*>(nonce.data()), nonce.size()}};
-  BATON_RETURN_IF_ERROR(SendAllV(fd, iov, 2, io, "sending the KV challenge"));
-  KvFrameBytes bytes;
-  BATON_RETURN_IF_ERROR(
-      RecvExact(fd, bytes, io, "waiting for the KV sender's proof"));
-  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
-  if (f.kind != KvFrameKind::kProof || f.header.transfer_id != transfer_id) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "KV transfer ", transfer_id, ": frame kind ", static_cast<int>(f.kind),
-        " of transfer ", f.header.transfer_id, " instead of the proof"));
-  }
-  KvProofBytes proof{};
-  BATON_RETURN_IF_ERROR(
-      RecvExact(fd, proof, io, "reading the KV sender's proof"));
-  if (!callbacks_.secret) return absl::OkStatus();
-  BATON_ASSIGN_OR_RETURN(const std::string secret,
-                         callbacks_.secret(transfer_id));
-  if (!KvProofMatches(secret, nonce, transfer_id, proof)) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "KV transfer ", transfer_id,
-        ": the sender's proof does not match the reservation's secret"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
@@ -266,20 +231,13 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       // Nothing is claimed or written before the sender proved the
       // transfer's secret; a transfer another connection holds is refused
       // without touching it.
-      BATON_RETURN_IF_ERROR(CheckProof(fd, *transfer_id, io));
-      {
-        absl::MutexLock lock(&mu_);
-        if (!live_.insert(*transfer_id).second) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("KV transfer ", *transfer_id,
-                           " is being received on another connection"));
-        }
-      }
+      BATON_RETURN_IF_ERROR(
+          ChallengeSender(fd, *transfer_id, callbacks_.secret, io));
+      BATON_RETURN_IF_ERROR(live_.Claim(*transfer_id));
       absl::StatusOr<KvTransferTarget> looked_up =
           callbacks_.lookup(*transfer_id);
       if (!looked_up.ok()) {
-        absl::MutexLock lock(&mu_);
-        live_.erase(*transfer_id);
+        live_.Release(*transfer_id);
         return looked_up.status();
       }
       *claimed = true;

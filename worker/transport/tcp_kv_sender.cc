@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "worker/transport/kv_handshake.h"
 #include "worker/transport/tcp_kv_internal.h"
 #include "worker/transport/tcp_kv_transport.h"
 
@@ -46,8 +47,8 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
 absl::Status TcpKvSender::ProveInvited() {
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
-  return tcp_kv_internal::ProveInvited(fd_.get(), transfer_id_,
-                                       options_.transfer_secret, io);
+  return baton::ProveInvited(fd_.get(), transfer_id_, options_.transfer_secret,
+                             io);
 }
 
 TcpKvSender::TcpKvSender(UniqueFd fd, std::string endpoint,
@@ -78,8 +79,7 @@ absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
                                             static_cast<int>(f.kind),
                                             " instead of a status"));
   }
-  return tcp_kv_internal::ReadStatusBody(fd_.get(), f, transfer_id_, "rejected",
-                                         io);
+  return ReadStatusBody(fd_.get(), f, transfer_id_, "rejected", io);
 }
 
 absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,

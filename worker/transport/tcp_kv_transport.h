@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/transport/kv_handshake.h"
 #include "worker/transport/kv_transport.h"
 #include "worker/transport/kv_wire.h"
 #include "worker/transport/socket_io.h"
@@ -174,10 +175,6 @@ class TcpKvReceiver : public KvReceiver {
   // *claimed once lookup returned its target (then on_done is owed).
   absl::Status ServeTransfer(int fd, uint64_t* transfer_id,
                              bool* transfer_known, bool* claimed);
-  // The hello's challenge and the sender's proof (kv_wire.h); OK once the
-  // sender proved the transfer's secret.
-  absl::Status CheckProof(int fd, uint64_t transfer_id,
-                          const SocketIoOptions& io);
 
   const TcpKvReceiverOptions options_;
   const KvReceiverCallbacks callbacks_;
@@ -189,9 +186,9 @@ class TcpKvReceiver : public KvReceiver {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // no new threads once set
   int num_serving_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
-  // Transfers a connection has claimed (lookup succeeded) and not ended:
-  // another connection quoting one is refused before lookup.
-  std::set<uint64_t> live_ ABSL_GUARDED_BY(mu_);
+  // Transfers a connection has claimed (proof matched, lookup succeeded)
+  // and not ended: another connection quoting one is refused before lookup.
+  LiveTransfers live_;
 };
 
 }  // namespace baton

@@ -1,0 +1,126 @@
+#include "worker/transport/kv_handshake.h"
+
+#include <sys/uio.h>
+
+#include <span>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace baton {
+
+absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
+                            absl::string_view verb, const SocketIoOptions& io) {
+  std::string msg(frame.header.payload_bytes, '\0');
+  BATON_RETURN_IF_ERROR(RecvExact(
+      fd,
+      std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
+      io,
+      absl::StrCat("reading the KV receiver's message on transfer ",
+                   transfer_id)));
+  if (frame.status_code == 0) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(frame.status_code),
+      absl::StrCat("KV receiver ", verb, " transfer ", transfer_id, ": ", msg));
+}
+
+absl::Status ProveInvited(int fd, uint64_t transfer_id,
+                          absl::string_view secret, const SocketIoOptions& io) {
+  KvFrame hello;
+  hello.kind = KvFrameKind::kHello;
+  hello.header.transfer_id = transfer_id;
+  KvFrameBytes hello_bytes = EncodeKvFrame(hello);
+  iovec hello_iov[1] = {{hello_bytes.data(), hello_bytes.size()}};
+  BATON_RETURN_IF_ERROR(
+      SendAllV(fd, hello_iov, 1, io,
+               absl::StrCat("sending the hello of KV transfer ", transfer_id)));
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(RecvExact(
+      fd, bytes, io,
+      absl::StrCat("reading the challenge for KV transfer ", transfer_id)));
+  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+  if (f.kind == KvFrameKind::kStatus) {
+    absl::Status refused = ReadStatusBody(fd, f, transfer_id, "refused", io);
+    if (refused.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "KV receiver answered the hello of transfer ", transfer_id,
+          " with an OK status instead of a challenge"));
+    }
+    return refused;
+  }
+  if (f.kind != KvFrameKind::kChallenge ||
+      f.header.transfer_id != transfer_id) {
+    return absl::InternalError(
+        absl::StrCat("KV receiver answered the hello of transfer ", transfer_id,
+                     " with frame kind ", static_cast<int>(f.kind),
+                     " of transfer ", f.header.transfer_id));
+  }
+  KvNonce nonce{};
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, nonce, io,
+                absl::StrCat("reading the challenge nonce of KV transfer ",
+                             transfer_id)));
+  KvProofBytes proof = KvProof(secret, nonce, transfer_id);
+  KvFrame proof_frame;
+  proof_frame.kind = KvFrameKind::kProof;
+  proof_frame.header.transfer_id = transfer_id;
+  proof_frame.header.payload_bytes = proof.size();
+  KvFrameBytes proof_bytes = EncodeKvFrame(proof_frame);
+  iovec proof_iov[2] = {{proof_bytes.data(), proof_bytes.size()},
+                        {proof.data(), proof.size()}};
+  return SendAllV(
+      fd, proof_iov, 2, io,
+      absl::StrCat("sending the proof of KV transfer ", transfer_id));
+}
+
+absl::Status ChallengeSender(int fd, uint64_t transfer_id,
+                             const KvSecretFn& secret_of,
+                             const SocketIoOptions& io) {
+  const KvNonce nonce = NewKvNonce();
+  KvFrame challenge;
+  challenge.kind = KvFrameKind::kChallenge;
+  challenge.header.transfer_id = transfer_id;
+  challenge.header.payload_bytes = nonce.size();
+  KvFrameBytes challenge_bytes = EncodeKvFrame(challenge);
+  iovec iov[2] = {{challenge_bytes.data(), challenge_bytes.size()},
+                  {const_cast<uint8_t*>(nonce.data()), nonce.size()}};
+  BATON_RETURN_IF_ERROR(SendAllV(fd, iov, 2, io, "sending the KV challenge"));
+  KvFrameBytes bytes;
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, bytes, io, "waiting for the KV sender's proof"));
+  BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
+  if (f.kind != KvFrameKind::kProof || f.header.transfer_id != transfer_id) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "KV transfer ", transfer_id, ": frame kind ", static_cast<int>(f.kind),
+        " of transfer ", f.header.transfer_id, " instead of the proof"));
+  }
+  KvProofBytes proof{};
+  BATON_RETURN_IF_ERROR(
+      RecvExact(fd, proof, io, "reading the KV sender's proof"));
+  if (!secret_of) return absl::OkStatus();
+  BATON_ASSIGN_OR_RETURN(const std::string secret, secret_of(transfer_id));
+  if (!KvProofMatches(secret, nonce, transfer_id, proof)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "KV transfer ", transfer_id,
+        ": the sender's proof does not match the reservation's secret"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LiveTransfers::Claim(uint64_t transfer_id) {
+  absl::MutexLock lock(&mu_);
+  if (!ids_.insert(transfer_id).second) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV transfer ", transfer_id,
+                     " is being received on another connection"));
+  }
+  return absl::OkStatus();
+}
+
+void LiveTransfers::Release(uint64_t transfer_id) {
+  absl::MutexLock lock(&mu_);
+  ids_.erase(transfer_id);
+}
+
+}  // namespace baton
