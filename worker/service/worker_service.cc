@@ -228,6 +228,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
     v1::PairKvRequest pair;
     pair.set_request_id(id);
     pair.set_transfer_id(target.transfer_id());
+    pair.set_transfer_secret(target.transfer_secret());
     {
       absl::MutexLock lock(&mu_);
       *pair.mutable_prefill_worker() = ref_;

@@ -165,6 +165,16 @@ grpc::ServerUnaryReactor* WorkerService::PairKv(
     }
     decode_id = !ref_.worker_id().empty() ? ref_.worker_id() : ref_.address();
   }
+  // Only the sender the coordinator chose (it holds the reservation's
+  // secret) gets the transfer expected on its pair.
+  absl::StatusOr<std::string> secret = engine_->ImportSecret(transfer_id);
+  if (!secret.ok()) return FinishUnary(context, secret.status());
+  if (!KvSecretsMatch(*secret, request->transfer_secret())) {
+    return FinishUnary(context, absl::UnauthenticatedError(absl::StrCat(
+                                    "PairKv: transfer ", request->transfer_id(),
+                                    ": transfer_secret does not match the "
+                                    "reservation's")));
+  }
   absl::StatusOr<v1::NcclHandshake> handshake =
       options_.expect_nccl(*request, transfer_id, decode_id);
   if (!handshake.ok()) return FinishUnary(context, handshake.status());

@@ -145,6 +145,26 @@ TEST_F(WorkerServiceNcclTest, PairKvNamesWhatIsWrong) {
   context = Context();
   status = prefill_->stub->PairKv(context.get(), request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // A live reservation, quoted without its secret: no pair expects it.
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("r-1");
+  reserve.set_model_id("smollm2");
+  reserve.set_num_prompt_tokens(8);
+  reserve.set_max_tokens(kMaxTokens);
+  v1::ReserveKvResponse reserved;
+  context = Context();
+  ASSERT_TRUE(decode_->stub->ReserveKv(context.get(), reserve, &reserved).ok());
+  request.set_request_id("r-1");
+  request.set_transfer_id(reserved.transfer_id());
+  request.set_transfer_secret("a-guess");
+  context = Context();
+  status = decode_->stub->PairKv(context.get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("transfer_secret"));
+  request.set_transfer_secret(reserved.transfer_secret());
+  context = Context();
+  status = decode_->stub->PairKv(context.get(), request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 }  // namespace

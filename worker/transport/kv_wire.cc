@@ -175,6 +175,11 @@ KvProofBytes KvProof(absl::string_view secret, const KvNonce& nonce,
   return proof;
 }
 
+bool KvSecretsMatch(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() &&
+         CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 bool KvProofMatches(absl::string_view secret, const KvNonce& nonce,
                     uint64_t transfer_id, std::span<const uint8_t> proof) {
   if (proof.size() != kKvProofBytes) return false;

@@ -121,6 +121,8 @@ KvProofBytes KvProof(absl::string_view secret, const KvNonce& nonce,
                      uint64_t transfer_id);
 // Whether `proof` is KvProof(secret, nonce, transfer_id), compared in
 // constant time.
+// Whether two secrets are equal, in time independent of where they differ.
+bool KvSecretsMatch(absl::string_view a, absl::string_view b);
 bool KvProofMatches(absl::string_view secret, const KvNonce& nonce,
                     uint64_t transfer_id, std::span<const uint8_t> proof);
 

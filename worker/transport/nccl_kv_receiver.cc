@@ -194,8 +194,16 @@ NcclKvReceiver::Transfer* NcclKvReceiver::StartOrFind(Pair* pair,
     return nullptr;
   }
   {
+    // A transfer is bound to the pair that Expect()ed it (PairKv proved the
+    // sender holds its secret): frames for any other transfer are refused
+    // without a lookup and not reported (it may be another pair's).
     absl::MutexLock lock(&mu_);
-    pair->awaiting.erase(transfer_id);
+    if (pair->awaiting.erase(transfer_id) == 0) {
+      *status = absl::FailedPreconditionError(absl::StrCat(
+          "KV transfer ", transfer_id, " is not expected on NCCL pair '",
+          pair->handshake.comm_key, "'"));
+      return nullptr;
+    }
   }
   absl::StatusOr<NcclKvTarget> target = callbacks_.lookup(transfer_id);
   if (target.ok() &&

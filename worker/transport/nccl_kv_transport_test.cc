@@ -111,6 +111,31 @@ TEST_F(NcclKvTransportTest, UnknownTransferIsRejected) {
   EXPECT_THAT(s.message(), HasSubstr("no reservation"));
 }
 
+// A transfer is bound to the pair that expected it (PairKv proved its
+// sender holds the secret): frames of any other transfer on the pair are
+// refused without a lookup and not reported, and the pair goes on.
+TEST_F(NcclKvTransportTest, TransferNotExpectedOnThePairIsRefused) {
+  h_.StartReceiver();
+  ASSERT_TRUE(h_.receiver_->Expect(h_.handshake_, 12).ok());
+  auto rogue = NcclKvSender::Create(h_.send_pool_.get(), h_.handshake_, 13);
+  ASSERT_TRUE(rogue.ok());
+  const absl::Status s =
+      (*rogue)->SendLayerFromPool(h_.Header(13, 0), h_.Source());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not expected on NCCL pair"));
+  EXPECT_FALSE(h_.Reported(13));
+  auto sender = NcclKvSender::Create(h_.send_pool_.get(), h_.handshake_, 12);
+  ASSERT_TRUE(sender.ok());
+  for (int64_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE(
+        (*sender)->SendLayerFromPool(h_.Header(12, l), h_.Source()).ok());
+  }
+  EXPECT_TRUE((*sender)->Finish().ok());
+  auto done = h_.DoneStatus(12, absl::Seconds(10));
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(done->ok()) << *done;
+}
+
 TEST_F(NcclKvTransportTest, SenderAbortReachesTheReceiver) {
   h_.StartReceiver();
   ASSERT_TRUE(h_.receiver_->Expect(h_.handshake_, 6).ok());

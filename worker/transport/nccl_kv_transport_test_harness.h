@@ -311,6 +311,11 @@ class NcclKvTransportHarness {
     return ::testing::AssertionSuccess();
   }
 
+  // Whether on_done has reported `id` (so far).
+  bool Reported(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return done_.contains(id);
+  }
   absl::StatusOr<absl::Status> DoneStatus(uint64_t id, absl::Duration timeout) {
     const absl::Time end = absl::Now() + timeout;
     while (absl::Now() < end) {
