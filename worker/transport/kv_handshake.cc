@@ -25,16 +25,30 @@ absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
       absl::StrCat("KV receiver ", verb, " transfer ", transfer_id, ": ", msg));
 }
 
+namespace {
+
+// One handshake frame of `kind` for `transfer_id` with `payload`.
+absl::Status SendHandshakeFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
+                                std::span<const uint8_t> payload,
+                                const SocketIoOptions& io,
+                                absl::string_view what) {
+  KvFrame frame;
+  frame.kind = kind;
+  frame.header.transfer_id = transfer_id;
+  frame.header.payload_bytes = payload.size();
+  KvFrameBytes bytes = EncodeKvFrame(frame);
+  iovec iov[2] = {{bytes.data(), bytes.size()},
+                  {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  return SendAllV(fd, iov, payload.empty() ? 1 : 2, io,
+                  absl::StrCat(what, " of KV transfer ", transfer_id));
+}
+
+}  // namespace
+
 absl::Status ProveInvited(int fd, uint64_t transfer_id,
                           absl::string_view secret, const SocketIoOptions& io) {
-  KvFrame hello;
-  hello.kind = KvFrameKind::kHello;
-  hello.header.transfer_id = transfer_id;
-  KvFrameBytes hello_bytes = EncodeKvFrame(hello);
-  iovec hello_iov[1] = {{hello_bytes.data(), hello_bytes.size()}};
-  BATON_RETURN_IF_ERROR(
-      SendAllV(fd, hello_iov, 1, io,
-               absl::StrCat("sending the hello of KV transfer ", transfer_id)));
+  BATON_RETURN_IF_ERROR(SendHandshakeFrame(fd, KvFrameKind::kHello, transfer_id,
+                                           {}, io, "sending the hello"));
   KvFrameBytes bytes;
   BATON_RETURN_IF_ERROR(RecvExact(
       fd, bytes, io,
@@ -61,31 +75,18 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
       RecvExact(fd, nonce, io,
                 absl::StrCat("reading the challenge nonce of KV transfer ",
                              transfer_id)));
-  KvProofBytes proof = KvProof(secret, nonce, transfer_id);
-  KvFrame proof_frame;
-  proof_frame.kind = KvFrameKind::kProof;
-  proof_frame.header.transfer_id = transfer_id;
-  proof_frame.header.payload_bytes = proof.size();
-  KvFrameBytes proof_bytes = EncodeKvFrame(proof_frame);
-  iovec proof_iov[2] = {{proof_bytes.data(), proof_bytes.size()},
-                        {proof.data(), proof.size()}};
-  return SendAllV(
-      fd, proof_iov, 2, io,
-      absl::StrCat("sending the proof of KV transfer ", transfer_id));
+  const KvProofBytes proof = KvProof(secret, nonce, transfer_id);
+  return SendHandshakeFrame(fd, KvFrameKind::kProof, transfer_id, proof, io,
+                            "sending the proof");
 }
 
 absl::Status ChallengeSender(int fd, uint64_t transfer_id,
                              const KvSecretFn& secret_of,
                              const SocketIoOptions& io) {
   const KvNonce nonce = NewKvNonce();
-  KvFrame challenge;
-  challenge.kind = KvFrameKind::kChallenge;
-  challenge.header.transfer_id = transfer_id;
-  challenge.header.payload_bytes = nonce.size();
-  KvFrameBytes challenge_bytes = EncodeKvFrame(challenge);
-  iovec iov[2] = {{challenge_bytes.data(), challenge_bytes.size()},
-                  {const_cast<uint8_t*>(nonce.data()), nonce.size()}};
-  BATON_RETURN_IF_ERROR(SendAllV(fd, iov, 2, io, "sending the KV challenge"));
+  BATON_RETURN_IF_ERROR(SendHandshakeFrame(fd, KvFrameKind::kChallenge,
+                                           transfer_id, nonce, io,
+                                           "sending the challenge"));
   KvFrameBytes bytes;
   BATON_RETURN_IF_ERROR(
       RecvExact(fd, bytes, io, "waiting for the KV sender's proof"));
