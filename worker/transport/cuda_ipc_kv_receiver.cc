@@ -42,10 +42,7 @@ absl::Status AbortStatus(int fd, const KvFrame& f, const SocketIoOptions& io) {
 struct CudaIpcKvReceiver::Transfer {
   uint64_t id = 0;
   CudaIpcKvTarget target;
-  bool seen_layer = false;
-  std::string request_id;  // of the first layer frame
-  std::vector<bool> landed;
-  int64_t num_landed = 0;
+  KvLayerProgress progress;
   bool granted = false;  // the grant went out with the first OK
 };
 
@@ -209,10 +206,9 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
   io.cancel_fd = wake_fd_.get();
   Transfer t;
   while (true) {
-    const std::string progress =
-        *known ? absl::StrCat("KV transfer ", t.id, " after ", t.num_landed,
-                              " of ", t.landed.size(), " layers: ")
-               : std::string("a new KV transfer: ");
+    const std::string progress = *known
+                                     ? absl::StrCat(t.progress.Describe(), ": ")
+                                     : std::string("a new KV transfer: ");
     SocketIoOptions frame_io = io;
     if (!*known) {
       frame_io.stall_timeout =
@@ -256,9 +252,7 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
             absl::StrCat("KV transfer ", t.id,
                          ": lookup returned no cache, table or device pool"));
       }
-      t.landed.assign(static_cast<size_t>(std::max<int64_t>(
-                          0, t.target.target.expected_layout.num_layers)),
-                      false);
+      t.progress.Start(t.id, t.target.target.expected_layout.num_layers);
       continue;
     } else if (f.header.transfer_id != t.id) {
       return absl::InvalidArgumentError(
@@ -267,14 +261,7 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     }
     switch (f.kind) {
       case KvFrameKind::kFinish: {
-        auto missing = std::find(t.landed.begin(), t.landed.end(), false);
-        if (missing != t.landed.end()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "KV transfer ", t.id, " finished with ", t.num_landed, " of ",
-              t.landed.size(), " layers; layer ", missing - t.landed.begin(),
-              " is missing"));
-        }
-        return absl::OkStatus();
+        return t.progress.CheckComplete();
       }
       case KvFrameKind::kAbort:
         return AbortStatus(fd, f, io);
@@ -331,21 +318,8 @@ absl::Status CudaIpcKvReceiver::ServeLayer(int fd, Transfer& t,
                   io));
   h.request_id = ids.substr(0, frame.request_id_bytes);
   h.model_id = ids.substr(frame.request_id_bytes);
-  if (!t.seen_layer) {
-    t.seen_layer = true;
-    t.request_id = h.request_id;
-  }
-  if (h.request_id != t.request_id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV transfer ", t.id, ": request_id '", h.request_id,
-                     "' vs '", t.request_id, "' of its earlier layers"));
-  }
   const KvTransferTarget& target = t.target.target;
-  BATON_RETURN_IF_ERROR(ValidateLayerHeader(h, target));
-  if (t.landed[static_cast<size_t>(h.layer)]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV transfer ", t.id, ": layer ", h.layer, " sent twice"));
-  }
+  BATON_RETURN_IF_ERROR(t.progress.CheckLayer(h, target));
   std::optional<CudaIpcGrant> grant;
   if (!t.granted) {
     const int64_t blocks = target.cache->BlocksNeeded(h.num_tokens);
@@ -407,8 +381,7 @@ absl::Status CudaIpcKvReceiver::ServeLayer(int fd, Transfer& t,
                      static_cast<int>(f.kind), " for layer ", f.header.layer));
   }
   *grant_outstanding = false;
-  t.landed[static_cast<size_t>(h.layer)] = true;
-  ++t.num_landed;
+  t.progress.Landed(h.layer);
   if (callbacks_.on_layer) callbacks_.on_layer(t.id, h.layer);
   return absl::OkStatus();
 }

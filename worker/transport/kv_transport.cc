@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 
 namespace baton {
 
@@ -161,6 +162,60 @@ absl::Status ValidateLayerHeader(const KvTransferHeader& header,
         target.cache->chunk_bytes(), " bytes)"));
   }
   return absl::OkStatus();
+}
+
+void KvLayerProgress::Start(uint64_t transfer_id, int64_t num_layers) {
+  transfer_id_ = transfer_id;
+  landed_.assign(static_cast<size_t>(std::max<int64_t>(0, num_layers)), false);
+  num_landed_ = 0;
+  seen_layer_ = false;
+  request_id_.clear();
+}
+
+absl::Status KvLayerProgress::CheckLayer(const KvTransferHeader& header,
+                                         const KvTransferTarget& target) {
+  if (!seen_layer_) {
+    seen_layer_ = true;
+    request_id_ = header.request_id;
+  }
+  if (header.request_id != request_id_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV transfer ", transfer_id_, ": request_id '", header.request_id,
+        "' vs '", request_id_, "' of its earlier layers"));
+  }
+  BATON_RETURN_IF_ERROR(ValidateLayerHeader(header, target));
+  if (header.layer >= static_cast<int64_t>(landed_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("KV transfer ", transfer_id_,
+                                                   ": layer ", header.layer,
+                                                   " of ", landed_.size()));
+  }
+  if (landed_[static_cast<size_t>(header.layer)]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV transfer ", transfer_id_, ": layer ", header.layer, " sent twice"));
+  }
+  return absl::OkStatus();
+}
+
+void KvLayerProgress::Landed(int64_t layer) {
+  std::vector<bool>::reference landed = landed_.at(static_cast<size_t>(layer));
+  if (!landed) ++num_landed_;
+  landed = true;
+}
+
+absl::Status KvLayerProgress::CheckComplete() const {
+  for (size_t l = 0; l < landed_.size(); ++l) {
+    if (!landed_[l]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "KV transfer ", transfer_id_, " finished with ", num_landed_, " of ",
+          landed_.size(), " layers; layer ", l, " is missing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string KvLayerProgress::Describe() const {
+  return absl::StrCat("KV transfer ", transfer_id_, " after ", num_landed_,
+                      " of ", landed_.size(), " layers");
 }
 
 }  // namespace baton

@@ -200,6 +200,33 @@ absl::Status ValidateLayerHeader(const KvTransferHeader& header,
 // `status` with its code kept and `prefix` prepended to its message.
 absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
 
+// One transfer's receive progress, kept the same way by every receiver
+// (TCP, CUDA IPC, NCCL): which layers have landed, the request id its
+// layers name, and the checks against them.
+class KvLayerProgress {
+ public:
+  // A transfer of `num_layers` layers, none landed.
+  void Start(uint64_t transfer_id, int64_t num_layers);
+  // Before any byte of a layer is written: the header against the target
+  // (ValidateLayerHeader), its request id the same as the earlier layers',
+  // the layer not landed yet. InvalidArgument naming what is wrong.
+  absl::Status CheckLayer(const KvTransferHeader& header,
+                          const KvTransferTarget& target);
+  void Landed(int64_t layer);
+  // At the sender's finish: FailedPrecondition naming the first layer
+  // missing.
+  absl::Status CheckComplete() const;
+  // "KV transfer N after K of L layers", for messages.
+  std::string Describe() const;
+
+ private:
+  uint64_t transfer_id_ = 0;
+  std::vector<bool> landed_;
+  int64_t num_landed_ = 0;
+  bool seen_layer_ = false;
+  std::string request_id_;  // of the first layer checked
+};
+
 }  // namespace baton
 
 #endif  // BATON_WORKER_TRANSPORT_KV_TRANSPORT_H_

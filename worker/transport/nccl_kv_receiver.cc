@@ -151,12 +151,7 @@ absl::Status NcclKvReceiver::ServeFrame(Pair* pair, NcclPairComm& comm,
     case KvFrameKind::kFinish: {
       absl::Status status;
       if (Transfer* t = StartOrFind(pair, id, &status); t != nullptr) {
-        auto missing = std::find(t->landed.begin(), t->landed.end(), false);
-        if (missing != t->landed.end()) {
-          status = absl::FailedPreconditionError(absl::StrCat(
-              "KV transfer ", id, ": finished without layer ",
-              missing - t->landed.begin(), " of ", t->landed.size()));
-        }
+        status = t->progress.CheckComplete();
         EndTransfer(pair, id, status);
       }
       return SendControl(comm, StatusControl(KvFrameKind::kStatus, id, status),
@@ -218,7 +213,7 @@ NcclKvReceiver::Transfer* NcclKvReceiver::StartOrFind(Pair* pair,
     return nullptr;
   }
   Transfer& t = pair->active[transfer_id];
-  t.landed.assign(target->target.expected_layout.num_layers, false);
+  t.progress.Start(transfer_id, target->target.expected_layout.num_layers);
   t.target = *std::move(target);
   return &t;
 }
@@ -232,11 +227,7 @@ absl::Status NcclKvReceiver::ServeLayer(Pair* pair, NcclPairComm& comm,
   std::vector<NcclApi::P2pOp> ops;
   if (t != nullptr) {
     const KvTransferTarget& target = t->target.target;
-    status = ValidateLayerHeader(f.header, target);
-    if (status.ok() && t->landed[f.header.layer]) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "KV transfer ", id, ": layer ", f.header.layer, " sent twice"));
-    }
+    status = t->progress.CheckLayer(f.header, target);
     if (status.ok()) {
       std::optional<absl::ReaderMutexLock> cache_lock;
       if (target.cache_mutex != nullptr) cache_lock.emplace(target.cache_mutex);
@@ -273,7 +264,7 @@ absl::Status NcclKvReceiver::ServeLayer(Pair* pair, NcclPairComm& comm,
         [this] { return stopping_.load(); }));
   }
   pair->last_progress = absl::Now();
-  t->landed[f.header.layer] = true;
+  t->progress.Landed(f.header.layer);
   if (callbacks_.on_layer) callbacks_.on_layer(id, f.header.layer);
   return absl::OkStatus();
 }

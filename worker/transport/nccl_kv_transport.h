@@ -196,7 +196,7 @@ class NcclKvReceiver : public KvReceiver {
  private:
   struct Transfer {
     NcclKvTarget target;
-    std::vector<bool> landed;  // per layer
+    KvLayerProgress progress;
   };
   // handshake and awaiting are guarded by mu_; the rest belongs to the
   // pair's thread (read under mu_ by that thread only).

@@ -95,7 +95,7 @@ TEST_F(NcclKvTransportTest, FinishWithoutEveryLayerFails) {
   ASSERT_TRUE((*sender)->SendLayerFromPool(h_.Header(5, 2), h_.Source()).ok());
   const absl::Status s = (*sender)->Finish();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("without layer 1 of 4"));
+  EXPECT_THAT(s.message(), HasSubstr("2 of 4 layers; layer 1 is missing"));
   EXPECT_EQ(h_.DoneStatus(5, absl::Seconds(10))->code(),
             absl::StatusCode::kFailedPrecondition);
 }

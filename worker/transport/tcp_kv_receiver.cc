@@ -178,9 +178,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
   io.stall_timeout = options_.stall_timeout;
   io.cancel_fd = wake_fd_.get();
   KvTransferTarget target;
-  std::string request_id;
-  std::vector<bool> landed;
-  int64_t num_landed = 0;
+  KvLayerProgress progress_of;
   std::vector<iovec> iov;
   std::vector<std::span<uint8_t>> chunks;
   // Checksum as the payload lands: a chunk is hashed as soon as its last
@@ -200,9 +198,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     KvFrameBytes bytes;
     bool eof = false;
     const std::string progress =
-        *known ? absl::StrCat("KV transfer ", *transfer_id, " after ",
-                              num_landed, " of ", landed.size(), " layers")
-               : std::string("a new KV transfer");
+        *known ? progress_of.Describe() : std::string("a new KV transfer");
     // Before a transfer's first frame the connection is idle: it may wait
     // for the next transfer up to idle_timeout, and may end there.
     SocketIoOptions frame_io = io;
@@ -246,24 +242,14 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
         return absl::InternalError(absl::StrCat(
             "KV transfer ", *transfer_id, ": lookup returned no cache/table"));
       }
-      landed.assign(static_cast<size_t>(target.expected_layout.num_layers),
-                    false);
+      progress_of.Start(*transfer_id, target.expected_layout.num_layers);
       continue;
     } else if (f.header.transfer_id != *transfer_id) {
       return absl::InvalidArgumentError(
           absl::StrCat("KV frame transfer_id ", f.header.transfer_id,
                        " on the connection of transfer ", *transfer_id));
     }
-    if (f.kind == KvFrameKind::kFinish) {
-      for (size_t l = 0; l < landed.size(); ++l) {
-        if (!landed[l]) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "KV transfer ", *transfer_id, " finished with ", num_landed,
-              " of ", landed.size(), " layers; layer ", l, " is missing"));
-        }
-      }
-      return absl::OkStatus();
-    }
+    if (f.kind == KvFrameKind::kFinish) return progress_of.CheckComplete();
     if (f.kind == KvFrameKind::kHello || f.kind == KvFrameKind::kChallenge ||
         f.kind == KvFrameKind::kProof) {
       return absl::InvalidArgumentError(
@@ -296,17 +282,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
         io, "reading KV header ids"));
     h.request_id = ids.substr(0, f.request_id_bytes);
     h.model_id = ids.substr(f.request_id_bytes);
-    if (num_landed == 0 && request_id.empty()) request_id = h.request_id;
-    if (h.request_id != request_id) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV transfer ", *transfer_id, ": request_id '", h.request_id,
-          "' vs '", request_id, "' of its earlier layers"));
-    }
-    BATON_RETURN_IF_ERROR(ValidateLayerHeader(h, target));
-    if (landed[static_cast<size_t>(h.layer)]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV transfer ", *transfer_id, ": layer ", h.layer, " sent twice"));
-    }
+    BATON_RETURN_IF_ERROR(progress_of.CheckLayer(h, target));
     // Validated: the payload goes straight into the layer's chunks of the
     // reserved blocks; each chunk is hashed as soon as it has landed.
     {
@@ -337,8 +313,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
                        ": checksum mismatch (trailer 0x", absl::Hex(expected),
                        ", payload 0x", absl::Hex(sum), ")"));
     }
-    landed[static_cast<size_t>(h.layer)] = true;
-    ++num_landed;
+    progress_of.Landed(h.layer);
     if (callbacks_.on_layer) callbacks_.on_layer(*transfer_id, h.layer);
   }
 }
