@@ -15,8 +15,11 @@ set(_baton_tsan_wrapped
 add_library(baton_tsan_absl STATIC ${CMAKE_CURRENT_LIST_DIR}/absl_sync_annotations.cc)
 target_include_directories(baton_tsan_absl PRIVATE ${CMAKE_SOURCE_DIR})
 target_link_libraries(baton_tsan_absl PUBLIC absl::synchronization)
+# --undefined pulls the wrappers out of the archive in every program, also in
+# one that takes no lock itself (the shared Abseil libraries it links still
+# call the wrapped functions, and the linker routes those calls too).
 foreach(_symbol IN LISTS _baton_tsan_wrapped)
-  add_link_options(-Wl,--wrap=${_symbol})
+  add_link_options(-Wl,--wrap=${_symbol} -Wl,--undefined=__wrap_${_symbol})
 endforeach()
 link_libraries(baton_tsan_absl)
 # Boost.Asio orders handler memory with std::atomic_thread_fence, which TSan
