@@ -15,7 +15,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/common/loopback_bandwidth.h"
+#include "common/testing/test_pki.h"
 #include "worker/kv_cache/kv_cache.h"
+#include "worker/transport/kv_tls.h"
 #include "worker/transport/tcp_kv_transport.h"
 
 namespace baton::kvbench {
@@ -153,6 +155,25 @@ struct TransferTiming {
   double first_frame_s = 0, last_layer_s = 0, done_s = 0;
 };
 
+// The TLS identity of the --kv_tls variants: a throw-away CA and one
+// certificate for 127.0.0.1 that both ends present, written to a fresh
+// temporary directory.
+std::shared_ptr<KvTls> BenchTls() {
+  static std::shared_ptr<KvTls> tls = [] {
+    auto ca = Must(testing::TestCa::Create("kv-transfer-bench CA"), "CA");
+    const testing::PemPair leaf =
+        Must(ca->Issue("kv-transfer-bench"), "certificate");
+    const std::string dir =
+        Must(testing::MakeTempDir("kv_transfer_bench_tls"), "temp dir");
+    KvTlsFiles files{dir + "/cert.pem", dir + "/key.pem", dir + "/ca.pem"};
+    Must(testing::WriteFileAtomically(files.cert, leaf.cert), "cert.pem");
+    Must(testing::WriteFileAtomically(files.key, leaf.key), "key.pem");
+    Must(testing::WriteFileAtomically(files.ca, ca->cert_pem()), "ca.pem");
+    return Must(KvTls::Create(files), "KvTls");
+  }();
+  return tls;
+}
+
 // One transfer of every layer of src/table to `endpoint`. With `pre` the
 // payloads and checksums are taken from there (send only); otherwise each
 // layer is sent from the pool as TransportKvSink does: its chunks listed
@@ -247,12 +268,14 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
   for (const RawVariant& v : options.variants) {
     TcpKvReceiverOptions ro;
     ro.socket_buffer_bytes = v.socket_buffer_bytes;
+    if (v.tls) ro.tls = BenchTls();
     receivers.push_back(
         Must(TcpKvReceiver::Start(ro, dst.Callbacks()), "receiver"));
     TcpKvSenderOptions so;
     so.send_call_bytes = v.send_call_bytes;
     so.socket_buffer_bytes = v.socket_buffer_bytes;
     if (v.pooled) so.pool = std::make_shared<TcpKvConnectionPool>();
+    if (v.tls) so.tls = BenchTls();
     sender_options.push_back(so);
   }
   std::vector<uint8_t> staging(layer_bytes, 0);
@@ -351,6 +374,7 @@ Json RawCase(const Shape& shape, int64_t num_tokens,
     jv["variant"] = options.variants[v].name;
     jv["send_call_bytes"] = options.variants[v].send_call_bytes;
     jv["socket_buffer_bytes"] = options.variants[v].socket_buffer_bytes;
+    jv["tls"] = options.variants[v].tls;
     jv["transfer_ms"] = Millis(f.total);
     jv["transfer_gbps_median"] = gb / Median(f.total);
     jv["transfer_pct_of_loopback"] =

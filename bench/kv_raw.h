@@ -22,6 +22,9 @@ struct RawVariant {
   // Senders take their connection from a TcpKvConnectionPool (warmed by the
   // warm-up transfer), as workers do; otherwise each transfer connects.
   bool pooled = false;
+  // Both ends speak TLS (baton-worker --kv_tls), with a CA and certificates
+  // made at start in a temporary directory.
+  bool tls = false;
 };
 
 struct RawOptions {

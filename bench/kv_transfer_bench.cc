@@ -67,11 +67,13 @@ ABSL_FLAG(bool, pin, true,
           "on CPU 1 (as two workers on two cores), so each run does not "
           "depend on where the scheduler happens to put the threads");
 ABSL_FLAG(std::string, variants,
-          "pooled:2048:0:pooled,fresh:2048:0,pooled_1m:1024:0:pooled",
+          "pooled:2048:0:pooled,fresh:2048:0,pooled_1m:1024:0:pooled,"
+          "tls:2048:0:pooled:tls",
           "transport configurations of the raw transfer, measured "
-          "alternately: name:send_call_KiB:socket_buffer_KiB[:pooled],... "
-          "(socket buffer 0 = kernel autotuning; pooled = connections "
-          "reused through a TcpKvConnectionPool, as workers do)");
+          "alternately: name:send_call_KiB:socket_buffer_KiB[:pooled][:tls],"
+          "... (socket buffer 0 = kernel autotuning; pooled = connections "
+          "reused through a TcpKvConnectionPool, as workers do; tls = both "
+          "ends TLS, as with baton-worker --kv_tls)");
 
 namespace baton::kvbench {
 namespace {
@@ -83,16 +85,28 @@ std::vector<RawVariant> ParseVariants(const std::string& s) {
   for (absl::string_view item : absl::StrSplit(s, ',', absl::SkipEmpty())) {
     const std::vector<std::string> f = absl::StrSplit(item, ':');
     int64_t call_kib = 0, buffer_kib = 0;
-    if (f.size() < 3 || f.size() > 4 || f[0].empty() ||
-        !absl::SimpleAtoi(f[1], &call_kib) ||
-        !absl::SimpleAtoi(f[2], &buffer_kib) || call_kib < 0 ||
-        buffer_kib < 0 || (f.size() == 4 && f[3] != "pooled")) {
-      Die("--variants",
-          absl::InvalidArgumentError(
-              "each entry must be name:send_call_KiB:buffer_KiB[:pooled]"));
+    bool ok = f.size() >= 3 && f.size() <= 5 && !f[0].empty() &&
+              absl::SimpleAtoi(f[1], &call_kib) &&
+              absl::SimpleAtoi(f[2], &buffer_kib) && call_kib >= 0 &&
+              buffer_kib >= 0;
+    RawVariant v{f[0], static_cast<size_t>(call_kib) << 10,
+                 static_cast<int>(buffer_kib << 10)};
+    for (size_t i = 3; ok && i < f.size(); ++i) {
+      if (f[i] == "pooled" && !v.pooled) {
+        v.pooled = true;
+      } else if (f[i] == "tls" && !v.tls) {
+        v.tls = true;
+      } else {
+        ok = false;
+      }
     }
-    out.push_back({f[0], static_cast<size_t>(call_kib) << 10,
-                   static_cast<int>(buffer_kib << 10), f.size() == 4});
+    if (!ok) {
+      Die("--variants",
+          absl::InvalidArgumentError("each entry must be "
+                                     "name:send_call_KiB:buffer_KiB[:pooled]"
+                                     "[:tls]"));
+    }
+    out.push_back(v);
   }
   if (out.empty()) out.push_back(RawVariant{"default"});
   return out;

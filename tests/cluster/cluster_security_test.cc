@@ -83,7 +83,7 @@ class ClusterSecurityTest : public ::testing::Test {
         "--api_keys_file=" + keys_};
     options.worker_flags = {"--tls_cert=" + File("worker.crt"),
                             "--tls_key=" + File("worker.key"),
-                            "--tls_ca=" + ca_};
+                            "--tls_ca=" + ca_, "--kv_tls"};
     options.public_client_tls = Client("", ca_);
     options.control_client_tls = Client("operator", ca_);
     options.api_key = kKey;
@@ -171,7 +171,8 @@ TEST_F(ClusterSecurityTest, EveryPlaneRefusesUnauthenticatedPeers) {
   LocalCluster& c = **cluster;
 
   // An authenticated client is served, across the P/D split (the prefill
-  // worker hands KV to the decode worker it reached over mutual TLS).
+  // worker hands KV to the decode worker it reached over mutual TLS, on a
+  // KV connection that is mutual TLS as well: --kv_tls).
   const StreamResult served = RunGenerate(
       c.baton(), ChatRequest("What is the capital of France?", 4, 0.0, 7));
   ASSERT_TRUE(served.status.ok()) << Describe(served);
@@ -271,6 +272,9 @@ TEST_F(ClusterSecurityTest, IncompleteOrMismatchedTlsFlagsAreStartErrors) {
                     " --tls_cert=", File("worker.crt"),
                     " --tls_key=", File("worker.key")),
        "--tls_ca"},
+      {absl::StrCat(worker, " --model=", model, " --listen=127.0.0.1:0",
+                    " --kv_tls"),
+       "--kv_tls needs --tls_cert"},
   };
   for (const Case& test : cases) {
     auto out = RunCommand(absl::StrCat(test.command, " 2>&1; echo exit=$?"));

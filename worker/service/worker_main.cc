@@ -4,7 +4,7 @@
 //                [--kv_cache_mib=M]
 //                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
 //                [--metrics_listen=HOST:PORT]
-//                [--tls_cert=PEM --tls_key=PEM --tls_ca=PEM]
+//                [--tls_cert=PEM --tls_key=PEM --tls_ca=PEM [--kv_tls]]
 // Serves the health service and reflection as well; with --coordinator it
 // registers and heartbeats, retrying while the coordinator is unreachable;
 // with --metrics_listen it serves Prometheus metrics at GET /metrics.
@@ -42,6 +42,7 @@
 #include "worker/service/proto_convert.h"
 #include "worker/service/registrar.h"
 #include "worker/service/worker_service.h"
+#include "worker/transport/kv_tls.h"
 #if BATON_WORKER_CUDA
 #include "worker/cuda/cuda_engine_runner.h"
 #include "worker/service/gpu_kv_paths.h"
@@ -68,6 +69,11 @@ ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
 ABSL_FLAG(int64_t, kv_stall_timeout_ms, 10000,
           "a TCP KV connection that makes no progress for this long fails "
           "its transfer, on the sending and on the receiving side");
+ABSL_FLAG(bool, kv_tls, false,
+          "the TCP KV connections this worker opens and accepts are mutual "
+          "TLS 1.3 with --tls_cert/--tls_key/--tls_ca (every worker of a "
+          "cluster sets it alike); off: the KV payload crosses the network "
+          "in the clear, authenticated per transfer but not encrypted");
 ABSL_FLAG(int64_t, fault_after_steps, 0,
           "fault injection for tests: the engine's runner fails every step "
           "from this one on (the warm-up's steps count), as after a device "
@@ -314,6 +320,15 @@ int Main() {
   }
   options.kv_stall_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_kv_stall_timeout_ms));
+  if (absl::GetFlag(FLAGS_kv_tls)) {
+    auto kv_tls =
+        KvTls::Create({tls.cert, tls.key, tls.ca, tls.reload_interval});
+    if (!kv_tls.ok()) {
+      Log(kv_tls.status().ToString());
+      return 2;
+    }
+    options.kv_tls = std::move(*kv_tls);
+  }
   options.peer_credentials = *control_credentials;
 #if BATON_WORKER_CUDA
   // A GPU worker also hands KV device to device: CUDA IPC with workers on

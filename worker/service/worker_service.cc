@@ -28,6 +28,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
     receiver_options.host = options.kv_host;
     receiver_options.port = options.kv_port;
     receiver_options.stall_timeout = options.kv_stall_timeout;
+    receiver_options.tls = options.kv_tls;
     auto receiver = TcpKvReceiver::Start(receiver_options,
                                          service->MeteredImportCallbacks());
     if (!receiver.ok()) return receiver.status();
@@ -246,6 +247,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
     sender_options.pool = kv_connections_;
     sender_options.stall_timeout = options_.kv_stall_timeout;
     sender_options.transfer_secret = target.transfer_secret();
+    sender_options.tls = options_.kv_tls;
     prefill_options.make_sink = TcpKvSinkFactory(
         tcp->address(), transfer_id, options_.model_id, sender_options);
   }

@@ -59,6 +59,9 @@ struct WorkerServiceOptions {
   // A TCP KV connection (sending or receiving) that makes no progress for
   // this long fails its transfer.
   absl::Duration kv_stall_timeout = absl::Seconds(10);
+  // Set (--kv_tls): the TCP KV connections this worker opens and accepts
+  // are mutual TLS (worker/transport/kv_tls.h).
+  std::shared_ptr<KvTls> kv_tls = nullptr;
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;

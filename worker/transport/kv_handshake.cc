@@ -10,11 +10,12 @@
 
 namespace baton {
 
-absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
-                            absl::string_view verb, const SocketIoOptions& io) {
+absl::Status ReadStatusBody(KvStream stream, const KvFrame& frame,
+                            uint64_t transfer_id, absl::string_view verb,
+                            const SocketIoOptions& io) {
   std::string msg(frame.header.payload_bytes, '\0');
   BATON_RETURN_IF_ERROR(RecvExact(
-      fd,
+      stream,
       std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()),
       io,
       absl::StrCat("reading the KV receiver's message on transfer ",
@@ -28,7 +29,8 @@ absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
 namespace {
 
 // One handshake frame of `kind` for `transfer_id` with `payload`.
-absl::Status SendHandshakeFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
+absl::Status SendHandshakeFrame(KvStream stream, KvFrameKind kind,
+                                uint64_t transfer_id,
                                 std::span<const uint8_t> payload,
                                 const SocketIoOptions& io,
                                 absl::string_view what) {
@@ -39,23 +41,24 @@ absl::Status SendHandshakeFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
   KvFrameBytes bytes = EncodeKvFrame(frame);
   iovec iov[2] = {{bytes.data(), bytes.size()},
                   {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  return SendAllV(fd, iov, payload.empty() ? 1 : 2, io,
+  return SendAllV(stream, iov, payload.empty() ? 1 : 2, io,
                   absl::StrCat(what, " of KV transfer ", transfer_id));
 }
 
 }  // namespace
 
-absl::Status ProveInvited(int fd, uint64_t transfer_id,
+absl::Status ProveInvited(KvStream stream, uint64_t transfer_id,
                           absl::string_view secret, const SocketIoOptions& io) {
-  BATON_RETURN_IF_ERROR(SendHandshakeFrame(fd, KvFrameKind::kHello, transfer_id,
-                                           {}, io, "sending the hello"));
+  BATON_RETURN_IF_ERROR(SendHandshakeFrame(
+      stream, KvFrameKind::kHello, transfer_id, {}, io, "sending the hello"));
   KvFrameBytes bytes;
   BATON_RETURN_IF_ERROR(RecvExact(
-      fd, bytes, io,
+      stream, bytes, io,
       absl::StrCat("reading the challenge for KV transfer ", transfer_id)));
   BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
   if (f.kind == KvFrameKind::kStatus) {
-    absl::Status refused = ReadStatusBody(fd, f, transfer_id, "refused", io);
+    absl::Status refused =
+        ReadStatusBody(stream, f, transfer_id, "refused", io);
     if (refused.ok()) {
       return absl::InternalError(absl::StrCat(
           "KV receiver answered the hello of transfer ", transfer_id,
@@ -72,24 +75,24 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
   }
   KvNonce nonce{};
   BATON_RETURN_IF_ERROR(
-      RecvExact(fd, nonce, io,
+      RecvExact(stream, nonce, io,
                 absl::StrCat("reading the challenge nonce of KV transfer ",
                              transfer_id)));
   const KvProofBytes proof = KvProof(secret, nonce, transfer_id);
-  return SendHandshakeFrame(fd, KvFrameKind::kProof, transfer_id, proof, io,
+  return SendHandshakeFrame(stream, KvFrameKind::kProof, transfer_id, proof, io,
                             "sending the proof");
 }
 
-absl::Status ChallengeSender(int fd, uint64_t transfer_id,
+absl::Status ChallengeSender(KvStream stream, uint64_t transfer_id,
                              const KvSecretFn& secret_of,
                              const SocketIoOptions& io) {
   const KvNonce nonce = NewKvNonce();
-  BATON_RETURN_IF_ERROR(SendHandshakeFrame(fd, KvFrameKind::kChallenge,
+  BATON_RETURN_IF_ERROR(SendHandshakeFrame(stream, KvFrameKind::kChallenge,
                                            transfer_id, nonce, io,
                                            "sending the challenge"));
   KvFrameBytes bytes;
   BATON_RETURN_IF_ERROR(
-      RecvExact(fd, bytes, io, "waiting for the KV sender's proof"));
+      RecvExact(stream, bytes, io, "waiting for the KV sender's proof"));
   BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
   if (f.kind != KvFrameKind::kProof || f.header.transfer_id != transfer_id) {
     return absl::UnauthenticatedError(absl::StrCat(
@@ -98,7 +101,7 @@ absl::Status ChallengeSender(int fd, uint64_t transfer_id,
   }
   KvProofBytes proof{};
   BATON_RETURN_IF_ERROR(
-      RecvExact(fd, proof, io, "reading the KV sender's proof"));
+      RecvExact(stream, proof, io, "reading the KV sender's proof"));
   if (!secret_of) return absl::OkStatus();
   BATON_ASSIGN_OR_RETURN(const std::string secret, secret_of(transfer_id));
   if (!KvProofMatches(secret, nonce, transfer_id, proof)) {

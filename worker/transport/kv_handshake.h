@@ -26,7 +26,7 @@ using KvSecretFn =
 
 // The sender's side: hello, the receiver's challenge, the proof of
 // `secret`. The receiver's refusal comes back as its status (code kept).
-absl::Status ProveInvited(int fd, uint64_t transfer_id,
+absl::Status ProveInvited(KvStream stream, uint64_t transfer_id,
                           absl::string_view secret, const SocketIoOptions& io);
 
 // The receiver's side, once the hello of `transfer_id` was read: a fresh
@@ -34,15 +34,16 @@ absl::Status ProveInvited(int fd, uint64_t transfer_id,
 // (null `secret`: any proof is accepted, for tests of the data path alone).
 // Unauthenticated when the proof is missing or does not match; the lookup's
 // error (e.g. NotFound) when there is no secret for the transfer.
-absl::Status ChallengeSender(int fd, uint64_t transfer_id,
+absl::Status ChallengeSender(KvStream stream, uint64_t transfer_id,
                              const KvSecretFn& secret,
                              const SocketIoOptions& io);
 
 // The rest of a status frame whose header `frame` was read: its message
 // (frame.header.payload_bytes, bounded by DecodeKvFrame). OK for code 0;
 // otherwise the frame's code with "KV receiver <verb> transfer N: message".
-absl::Status ReadStatusBody(int fd, const KvFrame& frame, uint64_t transfer_id,
-                            absl::string_view verb, const SocketIoOptions& io);
+absl::Status ReadStatusBody(KvStream stream, const KvFrame& frame,
+                            uint64_t transfer_id, absl::string_view verb,
+                            const SocketIoOptions& io);
 
 // The transfers a receiver's connections are writing: a second connection
 // quoting one of them is refused without touching the first.

@@ -1,7 +1,8 @@
 // Blocking-with-deadline I/O on non-blocking TCP sockets, for the host KV
-// transport. Every wait is bounded by a stall timeout (no progress for that
-// long -> DeadlineExceeded) and can be interrupted through a cancel fd
-// (readable -> Cancelled). A closed or reset peer -> Unavailable.
+// transport, in the clear or over TLS (KvStream). Every wait is bounded by a
+// stall timeout (no progress for that long -> DeadlineExceeded) and can be
+// interrupted through a cancel fd (readable -> Cancelled). A closed or reset
+// peer -> Unavailable.
 #ifndef BATON_WORKER_TRANSPORT_SOCKET_IO_H_
 #define BATON_WORKER_TRANSPORT_SOCKET_IO_H_
 
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -16,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+
+struct ssl_st;  // OpenSSL's SSL
 
 namespace baton {
 
@@ -46,6 +50,32 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// OpenSSL's TLS session (SSL), owned.
+struct SslFree {
+  void operator()(ssl_st* ssl) const;
+};
+using UniqueSsl = std::unique_ptr<ssl_st, SslFree>;
+
+// OpenSSL's queued errors of this thread, oldest first ("" if none); empties
+// the queue.
+std::string TakeTlsErrors();
+
+// The byte stream of a connection: the socket itself, or a TLS session over
+// it (`tls` set; the socket stays non-blocking and is what waits poll).
+struct KvStream {
+  KvStream(int fd) : fd(fd) {}  // NOLINT(runtime/explicit): a plain socket
+  KvStream(int fd, ssl_st* tls) : fd(fd), tls(tls) {}
+  int fd = -1;
+  ssl_st* tls = nullptr;
+};
+
+// A KV connection: its socket and, with --kv_tls, the TLS session over it.
+struct KvConnection {
+  UniqueFd fd;
+  UniqueSsl tls;
+  KvStream stream() const { return KvStream(fd.get(), tls.get()); }
+};
+
 // Brackets every read of memory whose owner may take it back while a sender
 // waits for the peer (a KV pool's blocks at a handoff timeout). Enter() true:
 // the memory may be read until the matching Exit(); false: access is revoked
@@ -65,7 +95,7 @@ absl::Status WaitFd(int fd, short events, const SocketIoOptions& options,
 
 // Reads exactly out.size() bytes. If the peer closes before the first byte
 // and `clean_eof` is non-null, sets *clean_eof = true and returns OK.
-absl::Status RecvExact(int fd, std::span<uint8_t> out,
+absl::Status RecvExact(KvStream stream, std::span<uint8_t> out,
                        const SocketIoOptions& options, absl::string_view what,
                        bool* clean_eof = nullptr);
 
@@ -74,7 +104,7 @@ absl::Status RecvExact(int fd, std::span<uint8_t> out,
 // stream order (e.g. to checksum bytes while they are in cache). Modifies the
 // iovec array. Any count (batches of at most IOV_MAX per call).
 absl::Status RecvAllV(
-    int fd, iovec* iov, int count, const SocketIoOptions& options,
+    KvStream stream, iovec* iov, int count, const SocketIoOptions& options,
     absl::string_view what,
     const std::function<void(std::span<const uint8_t>)>& on_data = nullptr);
 
@@ -92,11 +122,13 @@ struct SendPacer {
 
 // Writes every byte of iov[0..count) with sendmsg(MSG_NOSIGNAL), no copies.
 // Modifies the iovec array. Any count (batches of at most IOV_MAX per call).
+// Over TLS: one SSL_write per call of at most max_call_bytes of one iovec;
+// runs of iovecs under 16 KiB are first gathered into one record.
 // With a gate, every sendmsg runs between gate->Enter() and gate->Exit()
 // (never a wait for the peer), and a revoked gate ends the send with
 // Cancelled; the stream may then stop mid-frame, so the caller must close
 // the connection. With a pacer, calls are sized and prepared as it says.
-absl::Status SendAllV(int fd, iovec* iov, int count,
+absl::Status SendAllV(KvStream stream, iovec* iov, int count,
                       const SocketIoOptions& options, absl::string_view what,
                       ReadGate* gate = nullptr,
                       const SendPacer* pacer = nullptr);

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "common/status_macros.h"
+
 namespace baton {
 namespace {
 
@@ -17,11 +19,11 @@ bool StillIdle(int fd) {
 
 }  // namespace
 
-absl::StatusOr<UniqueFd> TcpKvConnectionPool::Acquire(
+absl::StatusOr<KvConnection> TcpKvConnectionPool::Acquire(
     absl::string_view endpoint, absl::Duration timeout, int buffer_bytes,
     bool* reused) {
   if (reused != nullptr) *reused = false;
-  std::vector<UniqueFd> stale;  // closed outside the lock
+  std::vector<KvConnection> stale;  // closed outside the lock
   {
     absl::MutexLock lock(&mu_);
     auto it = idle_.find(endpoint);
@@ -31,20 +33,24 @@ absl::StatusOr<UniqueFd> TcpKvConnectionPool::Acquire(
       while (!list.empty()) {
         Idle last = std::move(list.back());
         list.pop_back();
-        if (now - last.since <= options_.max_idle && StillIdle(last.fd.get())) {
+        if (now - last.since <= options_.max_idle &&
+            StillIdle(last.connection.fd.get())) {
           if (reused != nullptr) *reused = true;
-          return std::move(last.fd);
+          return std::move(last.connection);
         }
-        stale.push_back(std::move(last.fd));
+        stale.push_back(std::move(last.connection));
       }
     }
   }
-  return TcpConnect(endpoint, timeout, buffer_bytes);
+  KvConnection fresh;
+  BATON_ASSIGN_OR_RETURN(fresh.fd, TcpConnect(endpoint, timeout, buffer_bytes));
+  return fresh;
 }
 
-void TcpKvConnectionPool::Release(absl::string_view endpoint, UniqueFd fd) {
-  if (fd.get() < 0 || options_.max_idle_per_endpoint == 0) return;
-  UniqueFd dropped;  // closed outside the lock
+void TcpKvConnectionPool::Release(absl::string_view endpoint,
+                                  KvConnection connection) {
+  if (connection.fd.get() < 0 || options_.max_idle_per_endpoint == 0) return;
+  KvConnection dropped;  // closed outside the lock
   absl::MutexLock lock(&mu_);
   auto it = idle_.find(endpoint);
   if (it == idle_.end()) {
@@ -52,10 +58,10 @@ void TcpKvConnectionPool::Release(absl::string_view endpoint, UniqueFd fd) {
   }
   std::vector<Idle>& list = it->second;
   if (list.size() >= options_.max_idle_per_endpoint) {
-    dropped = std::move(list.front().fd);  // the oldest
+    dropped = std::move(list.front().connection);  // the oldest
     list.erase(list.begin());
   }
-  list.push_back({std::move(fd), absl::Now()});
+  list.push_back({std::move(connection), absl::Now()});
 }
 
 size_t TcpKvConnectionPool::idle_count() const {

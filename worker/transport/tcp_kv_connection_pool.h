@@ -44,23 +44,24 @@ class TcpKvConnectionPool {
   TcpKvConnectionPool(const TcpKvConnectionPool&) = delete;
   TcpKvConnectionPool& operator=(const TcpKvConnectionPool&) = delete;
 
-  // The most recently released live connection to `endpoint`, or a new one
-  // (TcpConnect with timeout and buffer_bytes, and its errors). *reused (if
-  // given) tells which.
-  absl::StatusOr<UniqueFd> Acquire(absl::string_view endpoint,
-                                   absl::Duration timeout, int buffer_bytes,
-                                   bool* reused = nullptr);
+  // The most recently released live connection to `endpoint` (with its TLS
+  // session, if it had one), or a new one (TcpConnect with timeout and
+  // buffer_bytes, and its errors; no TLS session yet). *reused (if given)
+  // tells which.
+  absl::StatusOr<KvConnection> Acquire(absl::string_view endpoint,
+                                       absl::Duration timeout, int buffer_bytes,
+                                       bool* reused = nullptr);
 
-  // Keeps `fd` (connected to `endpoint`, idle at a frame boundary) for a
+  // Keeps `connection` (to `endpoint`, idle at a frame boundary) for a
   // later Acquire.
-  void Release(absl::string_view endpoint, UniqueFd fd);
+  void Release(absl::string_view endpoint, KvConnection connection);
 
   // Idle connections held, all endpoints.
   size_t idle_count() const;
 
  private:
   struct Idle {
-    UniqueFd fd;
+    KvConnection connection;
     absl::Time since;
   };
   const TcpKvConnectionPoolOptions options_;

@@ -8,8 +8,8 @@
 
 namespace baton::tcp_kv_internal {
 
-absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
-                             const absl::Status& status,
+absl::Status SendStatusFrame(KvStream stream, KvFrameKind kind,
+                             uint64_t transfer_id, const absl::Status& status,
                              const SocketIoOptions& io) {
   KvFrame f;
   f.kind = kind;
@@ -21,7 +21,7 @@ absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
   KvFrameBytes bytes = EncodeKvFrame(f);
   iovec iov[2] = {{bytes.data(), bytes.size()},
                   {const_cast<char*>(msg.data()), msg.size()}};
-  return SendAllV(fd, iov, 2, io, "sending KV status frame");
+  return SendAllV(stream, iov, 2, io, "sending KV status frame");
 }
 
 void AppendIov(const void* base, size_t len, std::vector<iovec>* iov) {

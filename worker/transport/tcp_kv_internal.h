@@ -20,8 +20,8 @@ namespace baton::tcp_kv_internal {
 inline constexpr absl::Duration kMaxLinger = absl::Seconds(2);
 
 // Sends a status (or abort) frame; best effort, bounded by io.
-absl::Status SendStatusFrame(int fd, KvFrameKind kind, uint64_t transfer_id,
-                             const absl::Status& status,
+absl::Status SendStatusFrame(KvStream stream, KvFrameKind kind,
+                             uint64_t transfer_id, const absl::Status& status,
                              const SocketIoOptions& io);
 
 // Appends [base, base + len) to iov, merged into the last entry when it

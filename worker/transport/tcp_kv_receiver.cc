@@ -133,14 +133,26 @@ int TcpKvReceiver::num_connections() {
 void TcpKvReceiver::Serve(int raw_fd) {
   UniqueFd fd(raw_fd);
   SocketIoOptions io;
+  UniqueSsl tls;
+  if (options_.tls != nullptr) {
+    // A sender that does not complete the handshake (in the clear, a
+    // certificate from another CA, expired) never reaches the transfer's
+    // proof: nothing is claimed or reported, and after the linger below
+    // the connection is closed.
+    io.stall_timeout = options_.stall_timeout;
+    io.cancel_fd = wake_fd_.get();
+    absl::StatusOr<UniqueSsl> accepted = options_.tls->Accept(fd.get(), io);
+    if (accepted.ok()) tls = std::move(*accepted);
+  }
+  const KvStream stream(fd.get(), tls.get());
   absl::Status status;
   // Transfers one after another until the sender closes the connection
   // between two of them (or one fails).
-  while (true) {
+  while (options_.tls == nullptr || tls != nullptr) {
     uint64_t transfer_id = 0;
     bool known = false;
     bool claimed = false;
-    status = ServeTransfer(fd.get(), &transfer_id, &known, &claimed);
+    status = ServeTransfer(stream, &transfer_id, &known, &claimed);
     // No frame of a new transfer: the sender closed an idle connection (OK),
     // the connection stayed idle past idle_timeout, or shutdown began.
     if (!known) return;
@@ -152,15 +164,16 @@ void TcpKvReceiver::Serve(int raw_fd) {
     }
     io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
     io.cancel_fd = wake_fd_.get();
-    if (!SendStatusFrame(fd.get(), KvFrameKind::kStatus, transfer_id, status,
-                         io)
+    if (!SendStatusFrame(stream, KvFrameKind::kStatus, transfer_id, status, io)
              .ok()) {
       return;
     }
     if (!status.ok()) break;
   }
-  // Linger: drain what the sender still writes so it reads the error
-  // rather than a connection reset. Nothing drained reaches the pool.
+  // Linger: drain what the sender still writes so it reads the error (or
+  // the TLS alert) rather than a connection reset. Nothing drained reaches
+  // the pool.
+  io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
   shutdown(fd.get(), SHUT_WR);
   const absl::Time until = absl::Now() + io.stall_timeout;
   std::vector<uint8_t> sink(1 << 16);
@@ -172,8 +185,9 @@ void TcpKvReceiver::Serve(int raw_fd) {
   }
 }
 
-absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
-                                          bool* known, bool* claimed) {
+absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
+                                          uint64_t* transfer_id, bool* known,
+                                          bool* claimed) {
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
   io.cancel_fd = wake_fd_.get();
@@ -206,9 +220,10 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       frame_io.stall_timeout =
           std::max(options_.stall_timeout, options_.idle_timeout);
     }
-    BATON_RETURN_IF_ERROR(PrefixStatus(
-        absl::StrCat(progress, ": "),
-        RecvExact(fd, bytes, frame_io, "waiting for the next frame", &eof)));
+    BATON_RETURN_IF_ERROR(
+        PrefixStatus(absl::StrCat(progress, ": "),
+                     RecvExact(stream, bytes, frame_io,
+                               "waiting for the next frame", &eof)));
     if (eof && !*known) return absl::OkStatus();
     if (eof) {
       return absl::UnavailableError(absl::StrCat(
@@ -228,7 +243,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       // transfer's secret; a transfer another connection holds is refused
       // without touching it.
       BATON_RETURN_IF_ERROR(
-          ChallengeSender(fd, *transfer_id, callbacks_.secret, io));
+          ChallengeSender(stream, *transfer_id, callbacks_.secret, io));
       BATON_RETURN_IF_ERROR(live_.Claim(*transfer_id));
       absl::StatusOr<KvTransferTarget> looked_up =
           callbacks_.lookup(*transfer_id);
@@ -259,7 +274,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     if (f.kind != KvFrameKind::kLayer) {
       std::string msg(f.header.payload_bytes, '\0');
       BATON_RETURN_IF_ERROR(
-          RecvExact(fd,
+          RecvExact(stream,
                     std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()),
                                        msg.size()),
                     io, "reading a KV abort message"));
@@ -277,7 +292,7 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     KvTransferHeader& h = f.header;
     std::string ids(f.request_id_bytes + f.model_id_bytes, '\0');
     BATON_RETURN_IF_ERROR(RecvExact(
-        fd,
+        stream,
         std::span<uint8_t>(reinterpret_cast<uint8_t*>(ids.data()), ids.size()),
         io, "reading KV header ids"));
     h.request_id = ids.substr(0, f.request_id_bytes);
@@ -302,8 +317,8 @@ absl::Status TcpKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
     next_chunk = 0;
     BATON_RETURN_IF_ERROR(
         PrefixStatus(absl::StrCat(progress, ": "),
-                     RecvAllV(fd, iov.data(), static_cast<int>(iov.size()), io,
-                              what, on_slice)));
+                     RecvAllV(stream, iov.data(), static_cast<int>(iov.size()),
+                              io, what, on_slice)));
     BATON_CHECK_EQ(next_chunk, chunks.size());
     const uint64_t sum = checksummer.Digest();
     const uint64_t expected = DecodeKvTrailer(trailer);

@@ -26,17 +26,24 @@ using tcp_kv_internal::SendStatusFrame;
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
     absl::string_view endpoint, uint64_t transfer_id,
     const TcpKvSenderOptions& options) {
-  UniqueFd fd;
+  KvConnection conn;
   if (options.pool != nullptr) {
     BATON_ASSIGN_OR_RETURN(
-        fd, options.pool->Acquire(endpoint, options.stall_timeout,
-                                  options.socket_buffer_bytes));
+        conn, options.pool->Acquire(endpoint, options.stall_timeout,
+                                    options.socket_buffer_bytes));
   } else {
-    BATON_ASSIGN_OR_RETURN(fd, TcpConnect(endpoint, options.stall_timeout,
-                                          options.socket_buffer_bytes));
+    BATON_ASSIGN_OR_RETURN(conn.fd, TcpConnect(endpoint, options.stall_timeout,
+                                               options.socket_buffer_bytes));
+  }
+  if (options.tls != nullptr && conn.tls == nullptr) {
+    SocketIoOptions io;
+    io.stall_timeout = options.stall_timeout;
+    const absl::string_view host = endpoint.substr(0, endpoint.rfind(':'));
+    BATON_ASSIGN_OR_RETURN(conn.tls,
+                           options.tls->Connect(conn.fd.get(), host, io));
   }
   std::unique_ptr<TcpKvSender> sender(new TcpKvSender(
-      std::move(fd), std::string(endpoint), transfer_id, options));
+      std::move(conn), std::string(endpoint), transfer_id, options));
   if (absl::Status s = sender->ProveInvited(); !s.ok()) {
     sender->done_ = true;  // nothing to abort: the receiver refused it
     return sender->Fail(std::move(s));
@@ -47,14 +54,14 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(
 absl::Status TcpKvSender::ProveInvited() {
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
-  return baton::ProveInvited(fd_.get(), transfer_id_, options_.transfer_secret,
-                             io);
+  return baton::ProveInvited(conn_.stream(), transfer_id_,
+                             options_.transfer_secret, io);
 }
 
-TcpKvSender::TcpKvSender(UniqueFd fd, std::string endpoint,
+TcpKvSender::TcpKvSender(KvConnection connection, std::string endpoint,
                          uint64_t transfer_id,
                          const TcpKvSenderOptions& options)
-    : fd_(std::move(fd)),
+    : conn_(std::move(connection)),
       endpoint_(std::move(endpoint)),
       transfer_id_(transfer_id),
       options_(options) {}
@@ -65,21 +72,21 @@ TcpKvSender::~TcpKvSender() {
 
 absl::Status TcpKvSender::Fail(absl::Status status) {
   if (error_.ok()) error_ = std::move(status);
-  fd_.Reset();
+  conn_ = KvConnection();
   return error_;
 }
 
 absl::Status TcpKvSender::ReadVerdict(const SocketIoOptions& io) {
   KvFrameBytes bytes;
-  BATON_RETURN_IF_ERROR(
-      RecvExact(fd_.get(), bytes, io, "reading the KV receiver's verdict"));
+  BATON_RETURN_IF_ERROR(RecvExact(conn_.stream(), bytes, io,
+                                  "reading the KV receiver's verdict"));
   BATON_ASSIGN_OR_RETURN(KvFrame f, DecodeKvFrame(bytes));
   if (f.kind != KvFrameKind::kStatus) {
     return absl::InternalError(absl::StrCat("KV receiver sent frame kind ",
                                             static_cast<int>(f.kind),
                                             " instead of a status"));
   }
-  return ReadStatusBody(fd_.get(), f, transfer_id_, "rejected", io);
+  return ReadStatusBody(conn_.stream(), f, transfer_id_, "rejected", io);
 }
 
 absl::Status TcpKvSender::SendLayer(const KvTransferHeader& header,
@@ -126,7 +133,7 @@ absl::Status TcpKvSender::SendLayerChunks(
         "KV header request_id / model_id longer than ", kKvMaxIdBytes));
   }
   // An early verdict (the receiver rejected an earlier layer) is readable.
-  pollfd pfd{fd_.get(), POLLIN, 0};
+  pollfd pfd{conn_.fd.get(), POLLIN, 0};
   if (poll(&pfd, 1, 0) > 0) {
     SocketIoOptions io;
     io.stall_timeout = options_.stall_timeout;
@@ -175,7 +182,7 @@ absl::Status TcpKvSender::SendLayerChunks(
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
   absl::Status s =
-      SendAllV(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), io,
+      SendAllV(conn_.stream(), iov_.data(), static_cast<int>(iov_.size()), io,
                absl::StrCat("sending KV layer ", header.layer, " of transfer ",
                             transfer_id_),
                gate, trailer_ready ? nullptr : &pacer);
@@ -209,21 +216,21 @@ absl::Status TcpKvSender::Finish() {
   iovec iov[1] = {{bytes.data(), bytes.size()}};
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
-  absl::Status sent = SendAllV(fd_.get(), iov, 1, io, "sending KV finish");
+  absl::Status sent = SendAllV(conn_.stream(), iov, 1, io, "sending KV finish");
   // Even if the send failed, the receiver may have left a verdict.
   absl::Status verdict = ReadVerdict(io);
   if (!verdict.ok()) return Fail(sent.ok() ? verdict : sent);
   if (!sent.ok()) return Fail(sent);
   // OK verdict: the stream is at a frame boundary, the connection reusable.
   if (options_.pool != nullptr) {
-    options_.pool->Release(endpoint_, std::move(fd_));
+    options_.pool->Release(endpoint_, std::move(conn_));
   }
-  fd_.Reset();
+  conn_ = KvConnection();
   return absl::OkStatus();
 }
 
 void TcpKvSender::Abort(absl::Status reason) {
-  if (done_ || fd_.get() < 0) {
+  if (done_ || conn_.fd.get() < 0) {
     done_ = true;
     return;
   }
@@ -231,7 +238,7 @@ void TcpKvSender::Abort(absl::Status reason) {
   if (reason.ok()) reason = absl::CancelledError("aborted by sender");
   SocketIoOptions io;
   io.stall_timeout = options_.stall_timeout;
-  SendStatusFrame(fd_.get(), KvFrameKind::kAbort, transfer_id_, reason, io)
+  SendStatusFrame(conn_.stream(), KvFrameKind::kAbort, transfer_id_, reason, io)
       .IgnoreError();
   Fail(PrefixStatus(absl::StrCat("KV transfer ", transfer_id_, " aborted: "),
                     reason))

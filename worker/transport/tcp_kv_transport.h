@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/transport/kv_handshake.h"
+#include "worker/transport/kv_tls.h"
 #include "worker/transport/kv_transport.h"
 #include "worker/transport/kv_wire.h"
 #include "worker/transport/socket_io.h"
@@ -58,6 +59,9 @@ struct TcpKvSenderOptions {
   // The transfer's secret from the receiver's reservation (ReserveKv): the
   // sender proves it holds it before the first layer (kv_wire.h).
   std::string transfer_secret = "";
+  // Set: the connection is TLS (kv_tls.h), the receiver's certificate
+  // checked against the endpoint's host. Must match the receiver's setting.
+  std::shared_ptr<KvTls> tls = nullptr;
 };
 
 class TcpKvSender : public KvSender {
@@ -91,8 +95,8 @@ class TcpKvSender : public KvSender {
   void Abort(absl::Status reason) override;
 
  private:
-  TcpKvSender(UniqueFd fd, std::string endpoint, uint64_t transfer_id,
-              const TcpKvSenderOptions& options);
+  TcpKvSender(KvConnection connection, std::string endpoint,
+              uint64_t transfer_id, const TcpKvSenderOptions& options);
   // Reads the receiver's status frame, waiting per io; returns the status it
   // carries (prefixed), or the I/O error.
   absl::Status ReadVerdict(const SocketIoOptions& io);
@@ -101,7 +105,7 @@ class TcpKvSender : public KvSender {
   // Remembers the first error and closes the socket.
   absl::Status Fail(absl::Status status);
 
-  UniqueFd fd_;
+  KvConnection conn_;
   std::string endpoint_;
   uint64_t transfer_id_;
   TcpKvSenderOptions options_;
@@ -123,6 +127,11 @@ struct TcpKvReceiverOptions {
   // without the next transfer's first frame (the sender's pool drops idle
   // connections sooner: TcpKvConnectionPoolOptions::max_idle).
   absl::Duration idle_timeout = absl::Seconds(60);
+
+  // Set: every connection is TLS (kv_tls.h) and must present a
+  // certificate from its CA; a sender in the clear is refused at the
+  // handshake.
+  std::shared_ptr<KvTls> tls = nullptr;
 
   // Performance.
   // SO_SNDBUF / SO_RCVBUF of accepted connections; 0 = the kernel's
@@ -173,7 +182,7 @@ class TcpKvReceiver : public KvReceiver {
   // Serves one transfer; returns its final status. *transfer_known is set
   // once a frame carried a transfer id (then a status frame is owed), and
   // *claimed once lookup returned its target (then on_done is owed).
-  absl::Status ServeTransfer(int fd, uint64_t* transfer_id,
+  absl::Status ServeTransfer(KvStream stream, uint64_t* transfer_id,
                              bool* transfer_known, bool* claimed);
 
   const TcpKvReceiverOptions options_;
