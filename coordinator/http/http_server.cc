@@ -8,8 +8,6 @@
 // parser enforces body and header limits before buffering a body.
 #include "coordinator/http/http_server.h"
 
-#include <sys/stat.h>
-
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -23,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/file_stamp.h"
 #include "coordinator/http/http_session.h"
 
 namespace baton::http {
@@ -51,17 +50,9 @@ absl::StatusOr<HostPort> SplitHostPort(const std::string& listen) {
   return HostPort{host, listen.substr(colon + 1)};
 }
 
-// What identifies the TLS files' contents: size and modification time.
+// What identifies the TLS files' contents.
 std::string FilesStamp(const TlsFiles& files) {
-  std::string stamp;
-  for (const std::string* path : {&files.cert, &files.key, &files.ca}) {
-    struct stat st {};
-    if (!path->empty() && stat(path->c_str(), &st) == 0) {
-      absl::StrAppend(&stamp, st.st_ino, ":", st.st_size, ":",
-                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
-    }
-  }
-  return stamp;
+  return baton::FilesStamp({&files.cert, &files.key, &files.ca});
 }
 
 absl::StatusOr<std::shared_ptr<asio::ssl::context>> MakeTlsContext(

@@ -6,13 +6,13 @@
 #include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_stamp.h"
 #include "common/status_macros.h"
 
 namespace baton {
@@ -135,20 +135,8 @@ absl::StatusOr<UniqueCtx> MakeContext(const KvTlsFiles& files, bool server) {
   return ctx;
 }
 
-// Size, mtime and inode of each file: a rotation (rename over, or rewrite)
-// changes it.
 std::string Stamp(const KvTlsFiles& files) {
-  std::string out;
-  for (const std::string* path : {&files.cert, &files.key, &files.ca}) {
-    struct stat st {};
-    if (stat(path->c_str(), &st) != 0) {
-      absl::StrAppend(&out, "-;");
-      continue;
-    }
-    absl::StrAppend(&out, st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec,
-                    ".", st.st_mtim.tv_nsec, ";");
-  }
-  return out;
+  return FilesStamp({&files.cert, &files.key, &files.ca});
 }
 
 absl::Status Handshake(SSL* ssl, int fd, bool server, const SocketIoOptions& io,
