@@ -163,9 +163,11 @@ std::shared_ptr<KvTls> BenchTls() {
     auto ca = Must(testing::TestCa::Create("kv-transfer-bench CA"), "CA");
     const testing::PemPair leaf =
         Must(ca->Issue("kv-transfer-bench"), "certificate");
-    const std::string dir =
-        Must(testing::MakeTempDir("kv_transfer_bench_tls"), "temp dir");
-    KvTlsFiles files{dir + "/cert.pem", dir + "/key.pem", dir + "/ca.pem"};
+    // Kept (and re-read on change checks) until the process exits.
+    static testing::TempDir dir =
+        Must(testing::TempDir::Create("kv_transfer_bench_tls"), "temp dir");
+    KvTlsFiles files{dir.File("cert.pem"), dir.File("key.pem"),
+                     dir.File("ca.pem")};
     Must(testing::WriteFileAtomically(files.cert, leaf.cert), "cert.pem");
     Must(testing::WriteFileAtomically(files.key, leaf.key), "key.pem");
     Must(testing::WriteFileAtomically(files.ca, ca->cert_pem()), "ca.pem");

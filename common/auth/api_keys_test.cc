@@ -14,12 +14,13 @@ using ::baton::testing::WriteFileAtomically;
 class ApiKeysTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = baton::testing::MakeTempDir("baton-api-keys-test");
+    auto dir = baton::testing::TempDir::Create("baton-api-keys-test");
     ASSERT_TRUE(dir.ok());
-    dir_ = *dir;
+    temp_dir_ = std::move(*dir);
+    dir_ = temp_dir_.path();
     path_ = dir_ + "/keys";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  baton::testing::TempDir temp_dir_;  // removed with the fixture
   std::string dir_, path_;
 };
 

@@ -25,9 +25,10 @@ using ::baton::testing::WriteFileAtomically;
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = baton::testing::MakeTempDir("baton-tls-test");
+    auto dir = baton::testing::TempDir::Create("baton-tls-test");
     ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *dir;
+    temp_dir_ = std::move(*dir);
+    dir_ = temp_dir_.path();
     auto a = TestCa::Create("cluster CA");
     auto b = TestCa::Create("other CA");
     ASSERT_TRUE(a.ok() && b.ok());
@@ -36,8 +37,6 @@ class TlsTest : public ::testing::Test {
     ca_file_ = Write("ca.pem", ca_->cert_pem());
     other_ca_file_ = Write("other-ca.pem", other_ca_->cert_pem());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& contents) {
     const std::string path = absl::StrCat(dir_, "/", name);
     EXPECT_TRUE(WriteFileAtomically(path, contents).ok());
@@ -78,6 +77,7 @@ class TlsTest : public ::testing::Test {
     return stub->Check(&context, request, &response);
   }
 
+  baton::testing::TempDir temp_dir_;  // removed with the fixture
   std::string dir_;
   std::unique_ptr<TestCa> ca_, other_ca_;
   std::string ca_file_, other_ca_file_;

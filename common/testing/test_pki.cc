@@ -9,9 +9,13 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -175,14 +179,39 @@ absl::StatusOr<PemPair> TestCa::Issue(const std::string& common_name,
   return PemPair{*cert_pem, *key_pem};
 }
 
-absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+absl::StatusOr<TempDir> TempDir::Create(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
   std::string path = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
                                   "/", prefix, ".XXXXXX");
   if (mkdtemp(path.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", path, " failed"));
+    return absl::InternalError(
+        absl::StrCat("mkdtemp ", path, " failed: ", strerror(errno)));
   }
-  return path;
+  return TempDir(std::move(path));
+}
+
+TempDir::TempDir(TempDir&& other) noexcept
+    : path_(std::exchange(other.path_, std::string())) {}
+
+TempDir& TempDir::operator=(TempDir&& other) noexcept {
+  if (this != &other) {
+    Remove();
+    path_ = std::exchange(other.path_, std::string());
+  }
+  return *this;
+}
+
+TempDir::~TempDir() { Remove(); }
+
+void TempDir::Remove() {
+  if (path_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+  path_.clear();
+}
+
+std::string TempDir::File(const std::string& name) const {
+  return absl::StrCat(path_, "/", name);
 }
 
 absl::Status WriteFileAtomically(const std::string& path,

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -44,8 +45,28 @@ class TestCa {
   PemPair ca_;
 };
 
-// A fresh directory "$TMPDIR/PREFIX.XXXXXX" (/tmp without TMPDIR).
-absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);
+// A fresh directory "$TMPDIR/PREFIX.XXXXXX" (/tmp without TMPDIR), removed
+// with everything in it when its owner goes. A default-constructed TempDir
+// owns nothing.
+class TempDir {
+ public:
+  static absl::StatusOr<TempDir> Create(const std::string& prefix);
+  TempDir() = default;
+  TempDir(TempDir&& other) noexcept;
+  TempDir& operator=(TempDir&& other) noexcept;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir();
+
+  const std::string& path() const { return path_; }
+  // path() + "/" + name.
+  std::string File(const std::string& name) const;
+
+ private:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  void Remove();
+  std::string path_;
+};
 
 // Writes `contents` to `path` by writing a sibling file and renaming it
 // over `path` (a reader never sees half a file).

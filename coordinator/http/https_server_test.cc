@@ -25,9 +25,10 @@ using ::baton::testing::WriteFileAtomically;
 class HttpsServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = baton::testing::MakeTempDir("baton-https-test");
+    auto dir = baton::testing::TempDir::Create("baton-https-test");
     ASSERT_TRUE(dir.ok());
-    dir_ = *dir;
+    temp_dir_ = std::move(*dir);
+    dir_ = temp_dir_.path();
     auto ca = TestCa::Create("cluster CA");
     auto other = TestCa::Create("other CA");
     ASSERT_TRUE(ca.ok() && other.ok());
@@ -41,7 +42,6 @@ class HttpsServerTest : public ::testing::Test {
   void TearDown() override {
     server_.reset();
     for (std::thread& t : threads_) t.join();
-    std::filesystem::remove_all(dir_);
   }
 
   std::string File(const std::string& name) const {
@@ -92,6 +92,7 @@ class HttpsServerTest : public ::testing::Test {
     return absl::StrCat("https://", server_->address(), path);
   }
 
+  baton::testing::TempDir temp_dir_;  // removed with the fixture
   std::string dir_;
   std::unique_ptr<TestCa> ca_, other_ca_;
   std::unique_ptr<HttpServer> server_;

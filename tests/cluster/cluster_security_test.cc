@@ -31,9 +31,10 @@ constexpr char kRotatedKey[] = "sk-baton-test-two";
 class ClusterSecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = MakeTempDir("baton-security-test");
+    auto dir = TempDir::Create("baton-security-test");
     ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *dir;
+    temp_dir_ = std::move(*dir);
+    dir_ = temp_dir_.path();
     auto ca = TestCa::Create("cluster CA");
     auto rogue_ca = TestCa::Create("rogue CA");
     ASSERT_TRUE(ca.ok() && rogue_ca.ok());
@@ -44,8 +45,6 @@ class ClusterSecurityTest : public ::testing::Test {
     Issue(**rogue_ca, "rogue");
     keys_ = Write("api-keys", absl::StrCat("# test keys\n", kKey, "\n"));
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& contents) {
     const std::string path = absl::StrCat(dir_, "/", name);
     EXPECT_TRUE(WriteFileAtomically(path, contents).ok());
@@ -90,6 +89,7 @@ class ClusterSecurityTest : public ::testing::Test {
     return options;
   }
 
+  baton::testing::TempDir temp_dir_;  // removed with the fixture
   std::string dir_, ca_, keys_;
 };
 

@@ -20,9 +20,10 @@ using ::testing::HasSubstr;
 class KvTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = testing::MakeTempDir("kv_tls_test");
+    auto dir = testing::TempDir::Create("kv_tls_test");
     ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *dir;
+    temp_dir_ = std::move(*dir);
+    dir_ = temp_dir_.path();
     for (const char* name : {"cluster", "other"}) {
       auto ca = TestCa::Create(absl::StrCat(name, " CA"));
       ASSERT_TRUE(ca.ok()) << ca.status();
@@ -88,6 +89,7 @@ class KvTlsTest : public ::testing::Test {
     for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(id, src, l);
   }
 
+  baton::testing::TempDir temp_dir_;  // removed with the fixture
   std::string dir_;
   std::map<std::string, std::unique_ptr<TestCa>> cas_;
 };
