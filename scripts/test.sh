@@ -37,7 +37,7 @@ report_stages() {
 trap report_stages EXIT
 
 stage setup
-bash scripts/setup.sh
+bash scripts/setup.sh --deploy
 
 stage fuzz
 # libFuzzer targets need clang; they are built separately and run by ctest.
