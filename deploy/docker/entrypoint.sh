@@ -19,6 +19,9 @@
 #   BATON_HOST             the address this process listens on and that
 #                          others reach it at: a pod IP [first address of
 #                          `hostname -i`]
+#   BATON_BIND             the address servers without a peer-visible
+#                          address bind (the coordinator's ports, metrics,
+#                          HTTP) [0.0.0.0]
 # Coordinator:
 #   BATON_PORT [50051]  BATON_CONTROL_PORT [50052]  BATON_HTTP_PORT  [none]
 #   BATON_METRICS_PORT [none]  BATON_API_KEYS_FILE [none]
@@ -39,6 +42,7 @@ set -eu
 die() { echo "baton-entrypoint: $*" >&2; exit 2; }
 
 BIN="${BATON_BIN:-/usr/local/bin}"
+BIND="${BATON_BIND:-0.0.0.0}"
 MODEL="${BATON_MODEL:-/models/model.gguf}"
 
 ensure_model() {
@@ -83,11 +87,11 @@ case "$role" in
   coordinator)
     ensure_model
     h=$(host)
-    set -- --listen="$(hostport 0.0.0.0 "${BATON_PORT:-50051}")" \
-      --control_listen="$(hostport 0.0.0.0 "${BATON_CONTROL_PORT:-50052}")" \
+    set -- --listen="$(hostport "$BIND" "${BATON_PORT:-50051}")" \
+      --control_listen="$(hostport "$BIND" "${BATON_CONTROL_PORT:-50052}")" \
       --model="$MODEL" "$@"
-    [ -n "${BATON_HTTP_PORT:-}" ] && set -- --http_listen="0.0.0.0:$BATON_HTTP_PORT" "$@"
-    [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="0.0.0.0:$BATON_METRICS_PORT" "$@"
+    [ -n "${BATON_HTTP_PORT:-}" ] && set -- --http_listen="$(hostport "$BIND" "$BATON_HTTP_PORT")" "$@"
+    [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="$(hostport "$BIND" "$BATON_METRICS_PORT")" "$@"
     [ -n "${BATON_API_KEYS_FILE:-}" ] && set -- --api_keys_file="$BATON_API_KEYS_FILE" "$@"
     # shellcheck disable=SC2046  # three whole flags, no spaces inside
     set -- $(tls_flags control_) "$@"
@@ -114,7 +118,7 @@ case "$role" in
       --threads="${BATON_THREADS:-1}" \
       --kv_cache_mib="${BATON_KV_CACHE_MIB:-512}" \
       --device="${BATON_DEVICE:-cpu}" "$@"
-    [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="0.0.0.0:$BATON_METRICS_PORT" "$@"
+    [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="$(hostport "$BIND" "$BATON_METRICS_PORT")" "$@"
     if [ -n "${BATON_TLS_DIR:-}" ] && [ "${BATON_KV_TLS:-0}" = 1 ]; then
       set -- --kv_tls "$@"
     fi

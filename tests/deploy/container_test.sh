@@ -140,10 +140,10 @@ wait_log() {  # container, pattern: prints the first matching line
   done
   fail "$1 printed no '$2' in 60 s"
 }
-start coordinator coordinator BATON_PORT=0 BATON_CONTROL_PORT=0
+start coordinator coordinator BATON_BIND=127.0.0.1 BATON_PORT=0 BATON_CONTROL_PORT=0
 line="$(wait_log "coordinator-$$" "listening on")"
-PUBLIC="$(sed -n 's/.*listening on \([^, ]*\),.*/\1/p' <<<"$line" | sed 's/0\.0\.0\.0/127.0.0.1/')"
-CONTROL="$(sed -n 's/.*, control \([^, ]*\),.*/\1/p' <<<"$line" | sed 's/0\.0\.0\.0/127.0.0.1/')"
+PUBLIC="$(sed -n 's/.*listening on \([^, ]*\),.*/\1/p' <<<"$line")"
+CONTROL="$(sed -n 's/.*, control \([^, ]*\),.*/\1/p' <<<"$line")"
 for role in prefill decode; do
   start "$role" "$role" BATON_COORDINATOR="$CONTROL" BATON_WORKER_PORT=0 \
     BATON_KV_PORT=0 BATON_WORKER_ID="$role-$$"
