@@ -107,7 +107,7 @@ case "$role" in
       [ -f "$d/ca.crt" ] && set -- --tls_client_ca="$d/ca.crt" "$@"
       set -- --tls_cert="$d/tls.crt" --tls_key="$d/tls.key" "$@"
     fi
-    echo "baton-entrypoint: coordinator on $h" >&2
+    echo "baton-entrypoint: coordinator on $BIND, reachable at $h" >&2
     exec "$BIN/baton-coordinator" "$@"
     ;;
   prefill|decode|both)

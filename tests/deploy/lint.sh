@@ -14,8 +14,8 @@ if [ ! -x "$VENV/bin/hadolint" ] || ! command -v shellcheck >/dev/null; then
 fi
 cd "$ROOT"
 "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Dockerfile.gpu
-mapfile -t scripts < <(find deploy tests/deploy -type f \( -name '*.sh' -o -name '*.sbatch' \) | sort)
-shellcheck "${scripts[@]}"
+mapfile -t scripts < <(find deploy tests/deploy tests/netns -type f \( -name '*.sh' -o -name '*.sbatch' \) | sort)
+shellcheck -x "${scripts[@]}"
 mapfile -t pythons < <(find deploy tests/deploy -type f -name '*.py' | sort)
 "$VENV/bin/python" -m py_compile "${pythons[@]}"
 echo "lint: ok (2 Dockerfiles, ${#scripts[@]} shell scripts, ${#pythons[@]} Python files)"
