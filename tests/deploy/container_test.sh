@@ -151,11 +151,12 @@ done
 for role in prefill decode; do wait_log "$role-$$" "registered as" >/dev/null; done
 echo "container_test: cluster up: public $PUBLIC, control $CONTROL"
 
-PROMPT="Name one colour of the sky."
-expected="$("$BIN/baton" generate --model="$MODEL" --prompt="$PROMPT" --max_tokens=12 \
-  --temperature=0 2>/dev/null | head -n 1)"
+# shellcheck source=tests/deploy/lib.sh
+source "$ROOT/tests/deploy/lib.sh"
+PROMPT="$DEPLOY_PROMPT"
+expected="$(reference_answer "$BIN" "$MODEL")"
 answer="$("${RUN[@]}" --rm "$IMAGE" baton generate --server="$PUBLIC" --prompt="$PROMPT" \
-  --max_tokens=12 --temperature=0 2>&1)" || fail "baton generate: $answer"
+  --max_tokens="$DEPLOY_MAX_TOKENS" --temperature=0 2>&1)" || fail "baton generate: $answer"
 echo "$answer"
 [ "$(head -n 1 <<<"$answer")" = "$expected" ] ||
   fail "the cluster answered '$(head -n 1 <<<"$answer")', the in-process engine '$expected'"

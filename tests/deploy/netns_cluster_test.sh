@@ -61,11 +61,12 @@ start 3 decode BATON_HOST="$(netns_addr 3)" BATON_COORDINATOR="$COORDINATOR:5005
 wait_log prefill "registered as"
 wait_log decode "registered as"
 
-PROMPT="Name one colour of the sky."
-expected="$("$BIN/baton" generate --model="$MODEL" --prompt="$PROMPT" --max_tokens=12 \
-  --temperature=0 2>/dev/null | head -n 1)"
+# shellcheck source=tests/deploy/lib.sh
+source "$ROOT/tests/deploy/lib.sh"
+PROMPT="$DEPLOY_PROMPT"
+expected="$(reference_answer "$BIN" "$MODEL")"
 answer="$(netns_exec 1 "$BIN/baton" generate --server="$COORDINATOR:50051" --prompt="$PROMPT" \
-  --max_tokens=12 --temperature=0 2>&1)" || fail "baton generate: $answer"
+  --max_tokens="$DEPLOY_MAX_TOKENS" --temperature=0 2>&1)" || fail "baton generate: $answer"
 echo "$answer"
 [ "$(head -n 1 <<<"$answer")" = "$expected" ] ||
   fail "the answer '$(head -n 1 <<<"$answer")' is not the in-process engine's '$expected'"

@@ -109,9 +109,10 @@ sinfo -h -o %t | grep -q idle || fail "the node did not come up idle: $(sinfo 2>
 # The model under this test's directory: every process of its jobs names it.
 ln -s "$MODEL" "$DIR/model.gguf"
 MODEL="$DIR/model.gguf"
-PROMPT="Name one colour of the sky."
-expected="$("$BIN/baton" generate --model="$MODEL" --prompt="$PROMPT" --max_tokens=12 \
-  --temperature=0 2>/dev/null | head -n 1)"
+# shellcheck source=tests/deploy/lib.sh
+source "$ROOT/tests/deploy/lib.sh"
+PROMPT="$DEPLOY_PROMPT"
+expected="$(reference_answer "$BIN" "$MODEL")"
 export BATON_ROOT="$ROOT" BATON_BIN="$BIN" BATON_MODEL="$MODEL" BATON_LOGS="$DIR/logs"
 BATON_PORT="$(free_port)"
 BATON_CONTROL_PORT="$(free_port)"
@@ -120,8 +121,8 @@ export BATON_READY_TIMEOUT_S=120
 set +e
 # shellcheck disable=SC2016  # expanded by the job's shell
 sbatch --wait --quiet --output="$DIR/job-1.out" --time=10 "$ROOT/deploy/slurm/baton.sbatch" \
-  sh -c '"$BATON_BIN/baton" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=12 --temperature=0' \
-  _ "$PROMPT"
+  sh -c '"$BATON_BIN/baton" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens="$2" --temperature=0' \
+  _ "$PROMPT" "$DEPLOY_MAX_TOKENS"
 rc=$?
 set -e
 [ "$rc" = 0 ] || fail "the job exited $rc"
