@@ -54,7 +54,7 @@ cmake --build build -j "$JOBS"
 
 [[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
 SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
-  cluster_worker_fault_test cluster_services_test worker_service_test kv_transport_test
+  cluster_worker_fault_test cluster_services_test cluster_drain_test worker_service_test kv_transport_test
   kv_transport_fault_test kv_tls_test tcp_kv_connection_pool_test disaggregation_test disaggregation_fault_test engine_device_runner_test worker_service_device_test
   cuda_ipc_api_test cuda_ipc_kv_transport_test coordinator_core_test
   generate_metrics_test http_unit_test http_cluster_test callback_gate_test

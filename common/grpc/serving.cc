@@ -4,7 +4,10 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <ctime>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +36,17 @@ int WaitForTerminationSignal() {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   return signal_number;
+}
+
+int WaitForTerminationSignalFor(absl::Duration timeout) {
+  const sigset_t signals = TerminationSignals();
+  const timespec limit =
+      absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  while (true) {
+    const int signal_number = sigtimedwait(&signals, nullptr, &limit);
+    if (signal_number > 0) return signal_number;
+    if (errno != EINTR) return 0;  // EAGAIN: the time ran out
+  }
 }
 
 absl::StatusOr<RunningServer> StartServer(

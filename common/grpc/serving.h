@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/grpc/tls.h"
 
 namespace baton {
@@ -21,6 +22,8 @@ namespace baton {
 void BlockTerminationSignals();
 // Waits for SIGINT or SIGTERM (after BlockTerminationSignals); returns it.
 int WaitForTerminationSignal();
+// As WaitForTerminationSignal, for at most `timeout`; 0 if none came.
+int WaitForTerminationSignalFor(absl::Duration timeout);
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;

@@ -1,18 +1,13 @@
 #include "common/metrics/metrics.h"
 
-#include <exception>
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
-#include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
 
 namespace baton::metrics {
@@ -29,15 +24,6 @@ HookList& Hooks() {
   static auto* hooks = new HookList();
   return *hooks;
 }
-
-// What the exposer collects: Registry() after the scrape hooks ran.
-class HookedRegistry final : public prometheus::Collectable {
- public:
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    RunScrapeHooks();
-    return Registry().Collect();
-  }
-};
 
 }  // namespace
 
@@ -93,41 +79,6 @@ const std::vector<double>& TokenLatencyBuckets() {
 
 std::string StatusCodeLabel(absl::StatusCode code) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(code));
-}
-
-MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
-                             std::string address)
-    : exposer_(std::move(exposer)), address_(std::move(address)) {}
-
-MetricsServer::~MetricsServer() = default;
-
-absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
-    const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics listen address '", listen, "' is not host:port"));
-  }
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on '", listen, "': ", e.what()));
-  }
-  // One collectable for every server: Registry() behind the scrape hooks.
-  static const auto* hooked =
-      new std::shared_ptr<HookedRegistry>(std::make_shared<HookedRegistry>());
-  exposer->RegisterCollectable(*hooked);
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  const std::string host = listen.substr(0, colon);
-  const std::string address =
-      absl::StrCat(host, ":", ports.empty() ? port : ports.front());
-  return std::unique_ptr<MetricsServer>(
-      new MetricsServer(std::move(exposer), address));
 }
 
 }  // namespace baton::metrics

@@ -3,7 +3,7 @@
 // Every metric lives in one registry per process (Registry()); servers expose
 // it either through their own HTTP port (TextExposition() renders the
 // Prometheus text format 0.0.4) or through a dedicated listener
-// (StartMetricsServer, e.g. a worker's --metrics_listen).
+// (metrics_server.h, e.g. a worker's --metrics_listen).
 //
 // Gauges that mirror state owned elsewhere (queue lengths, free KV blocks,
 // healthy workers) are refreshed on demand: their owner registers a scrape
@@ -20,10 +20,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "prometheus/registry.h"
-
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
 
 namespace baton::metrics {
 
@@ -72,32 +68,6 @@ const std::vector<double>& TokenLatencyBuckets();
 // The `status` label of an outcome with this code: "ok", "cancelled",
 // "deadline_exceeded", ... (the canonical code name in lower case).
 std::string StatusCodeLabel(absl::StatusCode code);
-
-// A running HTTP listener that serves GET /metrics from Registry().
-class MetricsServer {
- public:
-  ~MetricsServer();
-  MetricsServer(const MetricsServer&) = delete;
-  MetricsServer& operator=(const MetricsServer&) = delete;
-
-  // "host:port" actually bound (port 0 in the request resolves here).
-  const std::string& address() const { return address_; }
-
- private:
-  friend absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
-      const std::string& listen);
-  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
-                std::string address);
-
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string address_;
-};
-
-// Starts serving Registry() at http://`listen`/metrics. `listen` is
-// "host:port"; port 0 picks a free port. InvalidArgument for a malformed
-// address, Unavailable when the port cannot be bound.
-absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
-    const std::string& listen);
 
 }  // namespace baton::metrics
 

@@ -2,11 +2,17 @@
 // (fetched over HTTP).
 #include "common/metrics/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <string>
 
 #include "common/metrics/exposition_parser.h"
 #include "common/metrics/http_get.h"
+#include "common/metrics/metrics_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
@@ -16,6 +22,37 @@ namespace baton::metrics {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::AllOf;
+using ::testing::StartsWith;
+
+// Static TLS larger than the 100 KiB thread stacks a listener built on
+// civetweb (as Debian builds it) starts its threads with: as in a worker
+// linked with cuBLASLt (about 94 KiB of TLS), its pthread_create fails.
+alignas(64) thread_local char big_static_tls[160 * 1024];
+
+// Sends `request` to 127.0.0.1:`port` as is and returns everything the
+// server sends back before it closes.
+std::string RawExchange(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) reply.append(buf, n);
+  }
+  close(fd);
+  return reply;
+}
+
+int PortOf(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
 
 TEST(MetricsTest, TextExpositionHasRegisteredCounter) {
   prometheus::Counter& counter = prometheus::BuildCounter()
@@ -110,6 +147,47 @@ TEST(MetricsTest, ServerServesMetricsOverHttp) {
   // The same port cannot be bound twice.
   auto second = StartMetricsServer(address);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(MetricsTest, ServerAnswersOnlyGetAndHeadOfMetrics) {
+  auto server = StartMetricsServer("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = PortOf((*server)->address());
+  auto missing = HttpGet((*server)->address(), "/other");
+  EXPECT_THAT(missing.status().message(), HasSubstr("404"));
+  EXPECT_THAT(RawExchange(port,
+                          "POST /metrics HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Length: 0\r\n\r\n"),
+              AllOf(StartsWith("HTTP/1.1 405"), HasSubstr("Allow: GET, HEAD")));
+  EXPECT_THAT(RawExchange(port, "this is not HTTP\r\n\r\n"),
+              StartsWith("HTTP/1.1 400"));
+  EXPECT_THAT(RawExchange(port,
+                          "GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                          "X-Big: " +
+                              std::string(20000, 'a') + "\r\n\r\n"),
+              StartsWith("HTTP/1.1 400"));
+  const std::string head =
+      RawExchange(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(head, StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(head, HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "");
+  // A client that connects and sends nothing does not stop the others.
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_TRUE(HttpGet((*server)->address(), "/metrics?x=1").ok());
+  close(idle);
+}
+
+TEST(MetricsTest, ServerStartsWhereStaticTlsOutgrowsSmallStacks) {
+  big_static_tls[0] = 1;  // keeps the array in this program's TLS block
+  ASSERT_EQ(big_static_tls[0], 1);
+  auto server = StartMetricsServer("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(HttpGet((*server)->address(), "/metrics").ok());
 }
 
 TEST(MetricsTest, MalformedListenAddressIsInvalidArgument) {

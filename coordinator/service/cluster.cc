@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/tsan/annotations.h"
 
@@ -91,6 +92,19 @@ Cluster::~Cluster() {
   sweeper_.join();
 }
 
+int Cluster::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::map<std::string, std::shared_ptr<CallHandle>>* c) {
+            return c->empty();
+          },
+          &calls_),
+      timeout);
+  return static_cast<int>(calls_.size());
+}
+
 void Cluster::Shutdown() {
   std::vector<std::shared_ptr<CallHandle>> calls;
   {
@@ -98,9 +112,9 @@ void Cluster::Shutdown() {
     shutting_down_ = true;
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
-  for (auto& call : calls) {
-    call->Abort(absl::UnavailableError("coordinator shutting down"));
-  }
+  absl::Status shutdown = absl::UnavailableError("coordinator shutting down");
+  shutdown.SetPayload(kShutdownPayload, absl::Cord());
+  for (auto& call : calls) call->Abort(shutdown);
   calls.clear();
   {
     absl::MutexLock lock(&mu_);

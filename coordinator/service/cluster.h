@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -36,6 +37,10 @@
 #include "coordinator/worker_registry.h"
 
 namespace baton::coordinator {
+
+// Payload type URL on the abort status of calls ended by Shutdown().
+inline constexpr absl::string_view kShutdownPayload =
+    "type.baton.dev/baton.CoordinatorShutdown";
 
 struct ClusterOptions {
   WorkerRegistryOptions registry;
@@ -80,8 +85,13 @@ class Cluster {
       const Clock* clock);
   // Shutdown(), then stops the sweeper.
   ~Cluster();
-  // Refuses new requests, aborts every running call (its client gets
-  // UNAVAILABLE) and waits up to 10 s for the calls to end. Idempotent.
+  // Refuses new requests (UNAVAILABLE, retriable) and waits up to `timeout`
+  // for the running calls to end on their own; returns how many still run.
+  int Drain(absl::Duration timeout);
+  // Refuses new requests, ends every running call and waits up to 10 s for
+  // the calls to end: a client that has tokens gets a result with
+  // finish_reason CANCELLED, one without gets UNAVAILABLE (retriable; the
+  // abort status carries kShutdownPayload). Idempotent.
   void Shutdown();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;

@@ -39,6 +39,7 @@
 #include "common/grpc/serving.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/metrics_server.h"
 #include "coordinator/http/openai_gateway.h"
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
@@ -112,6 +113,10 @@ ABSL_FLAG(std::string, api_keys_file, "",
 ABSL_FLAG(std::string, api_keys_open_paths, "/health,/metrics",
           "HTTP paths served without a key when --api_keys_file is set "
           "(comma-separated; empty: none)");
+ABSL_FLAG(int64_t, drain_timeout_s, 30,
+          "on SIGTERM or SIGINT: refuse new requests (health NOT_SERVING) and "
+          "let running ones finish for up to this long; then end the rest "
+          "(finish_reason cancelled for streams under way)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of a Prometheus /metrics listener; empty: none (the "
           "HTTP API also serves /metrics)");
@@ -302,10 +307,24 @@ int Main() {
   }
   std::fflush(stdout);
 
-  Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
-  // Calls end first (their clients get UNAVAILABLE), then the HTTP API
-  // (its in-process calls have ended), then the server (no handler runs
-  // after it), then the cluster.
+  const int signal_number = WaitForTerminationSignal();
+  // Drain: NOT_SERVING on both planes, new requests refused (UNAVAILABLE),
+  // the running ones finish for up to --drain_timeout_s.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  control_server->GetHealthCheckService()->SetServingStatus(false);
+  const absl::Duration drain =
+      absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  Log(absl::StrCat(
+      "signal ", signal_number,
+      drain > absl::ZeroDuration()
+          ? absl::StrCat(", draining for up to ", absl::FormatDuration(drain))
+          : ", stopping"));
+  const int left = (*cluster)->Drain(drain);
+  Log(left == 0 ? std::string("drained; stopping")
+                : absl::StrCat(left, " request(s) still running; ending them"));
+  // The calls left end next (cancelled once streaming, UNAVAILABLE before),
+  // then the HTTP API (its in-process calls have ended), then the server
+  // (no handler runs after it), then the cluster.
   (*cluster)->Shutdown();
   if (gateway != nullptr) gateway->Shutdown(absl::Seconds(2));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

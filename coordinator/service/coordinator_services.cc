@@ -180,9 +180,28 @@ grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
 grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
     grpc::CallbackServerContext* context,
     const v1::DeregisterWorkerRequest* request,
-    v1::DeregisterWorkerResponse* /*response*/) {
+    v1::DeregisterWorkerResponse* response) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   const WorkerRef ref{request->worker_id(), request->epoch()};
+  if (request->drain()) {
+    // Routing skips it from now on; its requests go on.
+    const absl::StatusOr<WorkerInfo> before = cluster_->registry().Get(ref.id);
+    const bool was_draining =
+        before.ok() && before->health == WorkerHealth::kDraining;
+    absl::Status status = cluster_->registry().Drain(ref);
+    if (status.ok()) {
+      int32_t live = 0;
+      for (const Lease& lease : cluster_->requests().LiveLeasesOn(ref.id)) {
+        if (lease.worker.epoch == ref.epoch) ++live;
+      }
+      response->set_live_leases(live);
+      if (!was_draining) {
+        std::fprintf(stderr, "baton-coordinator: %s is draining\n",
+                     WorkerRefString(ref).c_str());
+      }
+    }
+    return Finish(context, status);
+  }
   absl::Status status = cluster_->registry().Remove(ref, "deregistered");
   if (status.ok()) cluster_->Sweep();  // fail its requests now
   return Finish(context, status);

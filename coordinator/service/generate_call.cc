@@ -386,10 +386,15 @@ void GenerateCall::Fail(absl::Status why) {
     out.set_request_id(job_.client_id);
     v1::GenerateResult* result = out.mutable_result();
     *result = BaseResult();
-    result->set_finish_reason(why.code() == absl::StatusCode::kCancelled
+    // Tokens already streamed end as cancelled when the coordinator stops
+    // (as a client cancel would), not as an error.
+    const bool shutdown = why.GetPayload(kShutdownPayload).has_value();
+    const absl::StatusCode code =
+        shutdown ? absl::StatusCode::kCancelled : why.code();
+    result->set_finish_reason(code == absl::StatusCode::kCancelled
                                   ? v1::FINISH_REASON_CANCELLED
                                   : v1::FINISH_REASON_ERROR);
-    result->set_error_code(static_cast<int32_t>(why.code()));
+    result->set_error_code(static_cast<int32_t>(code));
     result->set_error_message(std::string(why.message()));
     reactor_->Push(std::move(out));
     reactor_->Close(grpc::Status::OK);

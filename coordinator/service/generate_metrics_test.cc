@@ -16,6 +16,7 @@
 #include "common/metrics/exposition_parser.h"
 #include "common/metrics/http_get.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/metrics_server.h"
 #include "common/test_util.h"
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"

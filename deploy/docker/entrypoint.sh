@@ -35,6 +35,8 @@
 #   BATON_WORKER_PORT [50060]  BATON_KV_PORT [50061]  BATON_METRICS_PORT
 #   BATON_WORKER_ID    a stable name [the host name]
 #   BATON_THREADS [1]  BATON_KV_CACHE_MIB [512]  BATON_DEVICE [cpu]
+#   BATON_DRAIN_TIMEOUT_S  how long SIGTERM lets requests in flight finish
+#                      [30]; keep it under the platform's grace period
 #   BATON_TLS_DIR      as above: --tls_cert/--tls_key/--tls_ca, and the KV
 #                      connections in TLS too when BATON_KV_TLS=1
 set -eu
@@ -121,7 +123,8 @@ case "$role" in
       --worker_id="${BATON_WORKER_ID:-$(hostname)}" \
       --threads="${BATON_THREADS:-1}" \
       --kv_cache_mib="${BATON_KV_CACHE_MIB:-512}" \
-      --device="${BATON_DEVICE:-cpu}" "$@"
+      --device="${BATON_DEVICE:-cpu}" \
+      --drain_timeout_s="${BATON_DRAIN_TIMEOUT_S:-30}" "$@"
     [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="$(hostport "$BIND" "$BATON_METRICS_PORT")" "$@"
     if [ -n "${BATON_TLS_DIR:-}" ] && [ "${BATON_KV_TLS:-0}" = 1 ]; then
       set -- --kv_tls "$@"

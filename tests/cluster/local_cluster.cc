@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--control_listen=127.0.0.1:0",
       "--model=" + model,
       absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
-      absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms)};
+      absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
+      absl::StrCat("--drain_timeout_s=", options.coordinator_drain_timeout_s)};
   if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
   argv.insert(argv.end(), options.coordinator_flags.begin(),
               options.coordinator_flags.end());
@@ -88,6 +89,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--model=" + model,
         absl::StrCat("--threads=", options.threads),
         absl::StrCat("--kv_cache_mib=", mib),
+        absl::StrCat("--drain_timeout_s=", options.drain_timeout_s),
         "--coordinator=" + cluster->control_address_};
     argv.insert(argv.end(), options.worker_flags.begin(),
                 options.worker_flags.end());

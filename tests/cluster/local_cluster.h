@@ -30,6 +30,11 @@ struct LocalClusterOptions {
   int threads = 1;
   int heartbeat_ms = 100;
   int lease_ttl_ms = 1000;
+  // Every worker's --drain_timeout_s: 0 (stop at SIGTERM at once, as the
+  // fault tests expect) unless a test drains.
+  int drain_timeout_s = 0;
+  // The coordinator's --drain_timeout_s (0: SIGTERM ends its calls at once).
+  int coordinator_drain_timeout_s = 0;
   // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
   std::vector<std::string> coordinator_flags;
   // Extra flags of every worker, e.g. "--fault=prefill_step:stop".

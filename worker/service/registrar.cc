@@ -1,5 +1,6 @@
 #include "worker/service/registrar.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -44,21 +45,48 @@ Registrar::Registrar(const std::string& coordinator,
       thread_([this] { Run(); }) {}
 
 Registrar::~Registrar() {
-  stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
   thread_.join();
   Deregister();
 }
 
-void Registrar::Deregister() {
-  if (!worker_id_.empty()) {
-    v1::DeregisterWorkerRequest request;
-    request.set_worker_id(worker_id_);
-    request.set_epoch(epoch_);
-    v1::DeregisterWorkerResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(1));
-    stub_->DeregisterWorker(&context, request, &response).ok();
+void Registrar::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  drain_ = true;
+}
+
+void Registrar::Deregister(bool drain) {
+  if (worker_id_.empty()) return;
+  v1::DeregisterWorkerRequest request;
+  request.set_worker_id(worker_id_);
+  request.set_epoch(epoch_);
+  request.set_drain(drain);
+  v1::DeregisterWorkerResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(1));
+  const grpc::Status status =
+      stub_->DeregisterWorker(&context, request, &response);
+  if (drain) {
+    // Repeated every interval while draining: its answer counts the
+    // coordinator's leases left here.
+    if (status.ok()) {
+      coordinator_leases_.store(response.live_leases());
+      if (!drain_told_) {
+        Log("draining: the coordinator routes nothing new here");
+      }
+    } else {
+      // A coordinator that cannot be reached, or no longer knows this
+      // incarnation, holds nothing here that the drain could wait for.
+      coordinator_leases_.store(0);
+      Log(absl::StrCat("drain not acknowledged (", status.error_message(),
+                       "); telling it again while requests run here"));
+    }
+    drain_told_ = status.ok();
+  } else {
     worker_id_.clear();
   }
 }
@@ -70,11 +98,42 @@ void Registrar::SetDeadline(grpc::ClientContext* context) {
 
 void Registrar::Run() {
   absl::Duration wait = absl::ZeroDuration();
-  while (!stop_.WaitForNotificationWithTimeout(wait)) {
+  while (true) {
+    bool drain = false;
+    {
+      // Wakes for a stop, or at once for a new drain (a drain the
+      // coordinator did not acknowledge is told again each interval).
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](Registrar* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+                return r->stop_ || (r->drain_ && !r->drain_noticed_);
+              },
+              this),
+          wait);
+      if (stop_) return;
+      drain = drain_;
+      drain_noticed_ = drain_;
+    }
     if (absl::Status health = healthy_(); !health.ok()) {
-      Log(absl::StrCat("unhealthy, deregistering: ", health.ToString()));
-      Deregister();
-      return;
+      // Leave only once the coordinator has seen the requests that failed
+      // here end (their streams carry the failure; a removal first would
+      // replace it with "worker went down"): drain, then deregister when it
+      // holds no lease here, or after kUnhealthyDrain.
+      const absl::Time now = absl::Now();
+      if (unhealthy_since_ == absl::InfiniteFuture()) {
+        unhealthy_since_ = now;
+        Log(absl::StrCat("unhealthy, draining then deregistering: ",
+                         health.ToString()));
+      }
+      if (!worker_id_.empty()) Deregister(/*drain=*/true);
+      if (worker_id_.empty() || coordinator_leases_.load() == 0 ||
+          now - unhealthy_since_ >= kUnhealthyDrain) {
+        Log("unhealthy: deregistering");
+        Deregister();
+        return;
+      }
+      // Heartbeats go on meanwhile, so its lease does not expire.
     }
     if (worker_id_.empty()) {
       v1::RegisterWorkerResponse response;
@@ -94,8 +153,10 @@ void Registrar::Run() {
                                          ? response.heartbeat_interval_ms()
                                          : 500.0);
       service_->SetWorkerRef(worker_id_, request_.address());
+      drain_told_ = false;
       Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
     }
+    if (drain) Deregister(/*drain=*/true);
     v1::HeartbeatRequest heartbeat;
     heartbeat.set_worker_id(worker_id_);
     heartbeat.set_epoch(epoch_);
@@ -129,7 +190,9 @@ void Registrar::Run() {
       Log(absl::StrCat("KV reservation of ", id,
                        " expired before its transfer started"));
     }
-    wait = interval_;
+    wait = unhealthy_since_ == absl::InfiniteFuture()
+               ? interval_
+               : std::min(interval_, absl::Milliseconds(50));
   }
 }
 

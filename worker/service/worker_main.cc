@@ -35,6 +35,7 @@
 #include "common/grpc/serving.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/metrics_server.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fault_injecting_runner.h"
@@ -103,6 +104,11 @@ ABSL_FLAG(std::string, tls_ca, "",
           "must present a certificate it signed (required with --tls_cert)");
 ABSL_FLAG(int64_t, tls_reload_s, 60,
           "certificate, key and CA files are re-read this often (seconds)");
+ABSL_FLAG(int64_t, drain_timeout_s, 30,
+          "on SIGTERM or SIGINT: stop taking requests (health NOT_SERVING, "
+          "DRAINING at the coordinator) and let those in flight finish for "
+          "up to this long before stopping; 0 stops at once; a second "
+          "signal ends the drain");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus metrics at GET /metrics (port 0: any "
           "free port); empty: no metrics listener");
@@ -162,6 +168,48 @@ class HealthWatch {
   absl::Notification stop_;
   std::thread thread_;
 };
+
+// The graceful part of a stop: NOT_SERVING at once, DRAINING at the
+// coordinator (nothing new is routed here), then waits until no request
+// holds blocks here (prefills, decodes, reservations) and the coordinator
+// has seen every one of them end, `timeout` runs out, or a second signal
+// comes.
+void Drain(int signal_number, absl::Duration timeout, grpc::Server* server,
+           WorkerService* service, Registrar* registrar) {
+  if (timeout <= absl::ZeroDuration()) {
+    Log(absl::StrCat("signal ", signal_number, ", stopping"));
+    return;
+  }
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (registrar != nullptr) registrar->StartDraining();
+  const absl::Time deadline = absl::Now() + timeout;
+  auto in_flight = [&] {
+    const size_t here = service->LeasedRequestIds().size();
+    const int there =
+        registrar != nullptr ? registrar->coordinator_leases() : 0;
+    return here > 0 ? here : (there != 0 ? size_t{1} : size_t{0});
+  };
+  size_t pending = in_flight();
+  Log(absl::StrCat("signal ", signal_number, ", draining for up to ",
+                   absl::FormatDuration(timeout)));
+  while (pending > 0) {
+    const absl::Duration time_left = deadline - absl::Now();
+    if (time_left <= absl::ZeroDuration()) {
+      Log(absl::StrCat("drain timed out with ",
+                       service->LeasedRequestIds().size(),
+                       " request(s) in flight here; stopping"));
+      return;
+    }
+    if (const int again = WaitForTerminationSignalFor(
+            std::min(time_left, absl::Milliseconds(50)));
+        again != 0) {
+      Log(absl::StrCat("signal ", again, " during the drain; stopping"));
+      return;
+    }
+    pending = in_flight();
+  }
+  Log("drained; stopping");
+}
 
 // One short request before serving: faults in the weights and starts the
 // thread pool, so the first client request does not pay for it.
@@ -411,7 +459,9 @@ int Main() {
   auto health_watch =
       std::make_unique<HealthWatch>(engine->get(), server.get());
 
-  Log(absl::StrCat("signal ", WaitForTerminationSignal(), ", stopping"));
+  const int signal_number = WaitForTerminationSignal();
+  Drain(signal_number, absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)),
+        server.get(), service->get(), registrar.get());
   registrar.reset();
   health_watch.reset();
   metrics_server.reset();
