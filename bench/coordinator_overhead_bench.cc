@@ -20,12 +20,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "cli/model_bundle.h"
 #include "common/test_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/model_bundle.h"
 
 ABSL_FLAG(std::string, shapes, "2C,1P1D", "cluster shapes to measure");
 ABSL_FLAG(int, requests, 200, "requests per configuration (after warm-up)");
@@ -62,7 +62,7 @@ nlohmann::json Summary(const std::vector<double>& v) {
 }
 
 Series InProcess(int requests, int max_tokens) {
-  auto bundle = cli::LoadModelBundle(testing::DefaultModelPath());
+  auto bundle = LoadModelBundle(testing::DefaultModelPath());
   BATON_CHECK(bundle.ok()) << bundle.status();
   EngineOptions options;
   options.num_threads = 1;

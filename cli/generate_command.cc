@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cli/model_bundle.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/model_bundle.h"
 
 namespace baton::cli {
 namespace {

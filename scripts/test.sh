@@ -53,12 +53,6 @@ cmake --build build -j "$JOBS"
 (cd build && ctest --output-on-failure -j "$JOBS")
 
 [[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
-SANITIZE_TARGETS=(baton-coordinator baton-worker cluster_test cluster_fault_test
-  cluster_worker_fault_test cluster_services_test cluster_drain_test worker_service_test kv_transport_test
-  kv_transport_fault_test kv_tls_test tcp_kv_connection_pool_test disaggregation_test disaggregation_fault_test engine_device_runner_test worker_service_device_test
-  cuda_ipc_api_test cuda_ipc_kv_transport_test coordinator_core_test
-  generate_metrics_test http_unit_test http_cluster_test callback_gate_test
-  cluster_security_test thread_pool_test)
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
@@ -73,7 +67,8 @@ sanitized_run() {  # sanitizer, build dir, ctest arguments...
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DBATON_TEST_OPT=-O0 \
     -DBATON_SANITIZE="$sanitizer" -DBATON_CUDA=OFF >/dev/null
-  cmake --build "$dir" -j "$JOBS" --target "${SANITIZE_TARGETS[@]}"
+  # baton_sanitize: the binaries of the tests labelled `sanitize` (CMakeLists.txt).
+  cmake --build "$dir" -j "$JOBS" --target baton_sanitize
   (cd "$dir" && ctest --output-on-failure -j "$JOBS" -L sanitize "$@")
 }
 # The stand-in device runner's single-threaded token checks run in the
@@ -85,13 +80,13 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (its build leaves the matmul tiles uninstrumented,
 # kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
 # is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
-# killed workers, and the killed coordinator of the restart test, also make
-# gRPC's uninstrumented cancellation paths report
-# races inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
+# killed workers, and the killed coordinators of the restart and replica
+# tests, also make gRPC's uninstrumented cancellation paths report races
+# inside gRPC itself.) The HTTP cluster test (openai SDK, 64 streams)
 # and the in-process coordinator + workers metrics test (gRPC client and
 # server in one uninstrumented library) run under ASan only, as does the
 # secured cluster (its TLS handshakes run in uninstrumented gRPC and
 # OpenSSL; the HTTPS sessions run under both, in http_unit_test).
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|$DEVICE_TOKEN_CHECKS"

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
-#include "worker/service/stream_reactor.h"
+#include "common/grpc/stream_reactor.h"
 
 namespace baton::bench {
 namespace {

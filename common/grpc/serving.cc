@@ -52,7 +52,7 @@ int WaitForTerminationSignalFor(absl::Duration timeout) {
 absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
     int max_receive_bytes, const TlsFiles& tls,
-    const std::string& tls_flag_prefix) {
+    const std::string& tls_flag_prefix, bool serving) {
   const size_t colon = listen.rfind(':');
   int requested = 0;
   if (colon == std::string::npos || colon == 0 ||
@@ -90,8 +90,9 @@ absl::StatusOr<RunningServer> StartServer(
   grpc::HealthCheckServiceInterface* health =
       running.server->GetHealthCheckService();
   for (const ServedService& s : services) {
-    health->SetServingStatus(s.name, true);
+    health->SetServingStatus(s.name, serving);
   }
+  if (!serving) health->SetServingStatus(false);
   running.address = absl::StrCat(host, ":", port);
   return running;
 }

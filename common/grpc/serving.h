@@ -41,7 +41,8 @@ struct ServedService {
 // Starts a server on `listen` ("HOST:PORT") with `services`, the health
 // service and reflection (which can describe every service, the health
 // service's too). The health service answers SERVING for "" and for each
-// service's name. InvalidArgument for a malformed address, Unavailable if
+// service's name (NOT_SERVING when `serving` is false, until the caller
+// turns it SERVING). InvalidArgument for a malformed address, Unavailable if
 // it cannot listen. The services must outlive the server. A message over
 // `max_receive_bytes` is refused with RESOURCE_EXHAUSTED by gRPC itself.
 // With `tls` naming files the port speaks only TLS (mutual TLS when
@@ -51,7 +52,7 @@ struct ServedService {
 absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
     int max_receive_bytes = 4 << 20, const TlsFiles& tls = {},
-    const std::string& tls_flag_prefix = "--tls");
+    const std::string& tls_flag_prefix = "--tls", bool serving = true);
 
 }  // namespace baton
 

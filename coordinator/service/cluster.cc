@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -55,9 +56,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
   }
   auto registry = WorkerRegistry::Create(options.registry, clock);
   if (!registry.ok()) return registry.status();
-  std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(model), clock,
-                                               std::move(*registry),
-                                               std::move(policy)));
+  ClusterOptions named = options;
+  if (named.coordinator_id.empty()) {
+    std::random_device random;
+    named.coordinator_id =
+        absl::StrCat("c-", absl::Hex(random(), absl::kZeroPad8));
+  }
+  std::unique_ptr<Cluster> cluster(new Cluster(
+      named, std::move(model), clock, std::move(*registry), std::move(policy)));
   Cluster* self = cluster.get();
   cluster->scrape_hook_ = metrics::AddScrapeHook(
       [self] { self->metrics_->SetWorkers(self->registry_->List()); });

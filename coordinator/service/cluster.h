@@ -64,6 +64,10 @@ struct ClusterOptions {
   // How the coordinator reaches workers' control ports (mutual TLS when the
   // control plane has certificates); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
+  // This replica's id among the coordinators serving one cluster: it tags
+  // the leases this replica takes on workers and prefixes its request ids.
+  // Empty: "c-" and 8 random hex digits.
+  std::string coordinator_id;
 };
 
 // A running request as the sweeper sees it.

@@ -32,6 +32,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/auth/api_keys.h"
@@ -117,6 +118,10 @@ ABSL_FLAG(int64_t, drain_timeout_s, 30,
           "on SIGTERM or SIGINT: refuse new requests (health NOT_SERVING) and "
           "let running ones finish for up to this long; then end the rest "
           "(finish_reason cancelled for streams under way)");
+ABSL_FLAG(std::string, coordinator_id, "",
+          "this replica's id among several coordinators serving one cluster "
+          "(letters, digits, '-', '_', at most 64); it tags the leases it "
+          "takes on workers. Empty: c- and 8 random hex digits");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of a Prometheus /metrics listener; empty: none (the "
           "HTTP API also serves /metrics)");
@@ -150,6 +155,18 @@ int Main() {
   const std::string model_id = (*model)->id();
   ClusterOptions options;
   options.policy = absl::GetFlag(FLAGS_policy);
+  options.coordinator_id = absl::GetFlag(FLAGS_coordinator_id);
+  if (options.coordinator_id.size() > 64 ||
+      !std::all_of(options.coordinator_id.begin(), options.coordinator_id.end(),
+                   [](char c) {
+                     return absl::ascii_isalnum(
+                                static_cast<unsigned char>(c)) ||
+                            c == '-' || c == '_';
+                   })) {
+    Log(absl::StrCat("--coordinator_id: '", options.coordinator_id,
+                     "' must be at most 64 letters, digits, '-' or '_'"));
+    return 1;
+  }
   options.registry.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.registry.lease_ttl = absl::Milliseconds(lease_ms);
   // Epochs never repeat across restarts: they start at this start's time.

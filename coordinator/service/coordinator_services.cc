@@ -5,9 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc/grpc_status.h"
 #include "common/tsan/annotations.h"
 #include "coordinator/service/generate_call.h"
-#include "worker/service/proto_convert.h"
+#include "proto/convert.h"
 
 namespace baton::coordinator {
 namespace {
@@ -71,27 +72,6 @@ v1::WorkerHealth HealthToProto(WorkerHealth health) {
   return v1::WORKER_HEALTH_UNSPECIFIED;
 }
 
-absl::StatusOr<KvLayout> LayoutFromProto(const v1::KvLayout& proto) {
-  KvLayout layout;
-  layout.num_layers = proto.num_layers();
-  layout.num_kv_heads = proto.num_kv_heads();
-  layout.head_dim = proto.head_dim();
-  layout.block_size = proto.block_size();
-  switch (proto.dtype()) {
-    case v1::KV_DTYPE_F16:
-      layout.dtype = DType::kF16;
-      break;
-    case v1::KV_DTYPE_F32:
-      layout.dtype = DType::kF32;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv_layout.dtype: ", v1::KvDtype_Name(proto.dtype()),
-                       " is not F16 or F32"));
-  }
-  return layout;
-}
-
 WorkerLoad LoadFromProto(const v1::WorkerLoad& proto) {
   WorkerLoad load;
   load.queued_prefill_tokens = proto.queued_prefill_tokens();
@@ -123,7 +103,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
   auto role = RoleFromProto(request->role());
   if (!role.ok()) return Finish(context, role.status());
-  auto layout = LayoutFromProto(request->kv_layout());
+  auto layout = FromProto(request->kv_layout());
   if (!layout.ok()) return Finish(context, layout.status());
   const std::string& served = cluster_->model().id();
   if (request->model_id() != served) {
@@ -149,6 +129,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
   response->set_heartbeat_interval_ms(
       absl::ToDoubleMilliseconds(options.heartbeat_interval));
   response->set_lease_ttl_ms(absl::ToDoubleMilliseconds(options.lease_ttl));
+  response->set_coordinator_id(cluster_->options().coordinator_id);
   std::fprintf(
       stderr, "baton-coordinator: registered %s (%s) at %s, %lld KV blocks\n",
       WorkerRefString(*ref).c_str(), std::string(WorkerRoleName(*role)).c_str(),
@@ -231,8 +212,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
                       std::chrono::hours(24 * 365)
           ? absl::InfiniteFuture()
           : absl::FromChrono(deadline);
-  auto job = PrepareGenerate(cluster_->model(), cluster_->options().limits,
-                             *request, absl_deadline);
+  auto job = PrepareGenerate(cluster_->model(), cluster_->options(), *request,
+                             absl_deadline);
   if (!job.ok()) {
     cluster_->metrics().OnRequestRejected(job.status());
     reactor->Close(ToGrpcStatus(job.status()));

@@ -8,10 +8,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/service/generate_call_internal.h"
+#include "proto/convert.h"
 #include "worker/sampler/sampling_params.h"
-#include "worker/service/proto_convert.h"
 
 namespace baton::coordinator {
 namespace {
@@ -23,11 +24,10 @@ uint64_t DrawSeed() {
          counter.fetch_add(0x9E3779B97F4A7C15ull);
 }
 
-std::string NewRequestId() {
+// Unique among the replicas serving one cluster: their ids differ.
+std::string NewRequestId(const std::string& coordinator_id) {
   static std::atomic<uint64_t> counter{0};
-  static const uint64_t process_tag = DrawSeed() & 0xFFFFFF;
-  return absl::StrCat("req-", absl::Hex(process_tag), "-",
-                      counter.fetch_add(1));
+  return absl::StrCat("req-", coordinator_id, "-", counter.fetch_add(1));
 }
 
 // Ends a client stream that is left early: cancels it, drains it and calls
@@ -59,9 +59,10 @@ class ReaderGuard {
 }  // namespace
 
 absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
-                                            const RequestLimits& limits,
+                                            const ClusterOptions& options,
                                             const v1::GenerateRequest& request,
                                             absl::Time deadline) {
+  const RequestLimits& limits = options.limits;
   BATON_RETURN_IF_ERROR(CheckRequestLimits(limits, request));
   if (!request.model().empty() && request.model() != model.id()) {
     return absl::NotFoundError(absl::StrCat("model: '", request.model(),
@@ -98,9 +99,9 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
   }
   job.sampling.set_max_tokens(static_cast<int32_t>(params->max_tokens));
   job.client_id = request.request_id();
-  job.internal_id = job.client_id.empty()
-                        ? NewRequestId()
-                        : absl::StrCat(job.client_id, "@", NewRequestId());
+  const std::string id = NewRequestId(options.coordinator_id);
+  job.internal_id =
+      job.client_id.empty() ? id : absl::StrCat(job.client_id, "@", id);
   if (job.client_id.empty()) job.client_id = job.internal_id;
   job.deadline = deadline;
   return job;
@@ -233,6 +234,7 @@ absl::Status GenerateCall::Serve() {
   v1::PrefillRequest prefill_request;
   prefill_request.set_request_id(id);
   prefill_request.set_model_id(cluster_->model().id());
+  prefill_request.set_coordinator_id(cluster_->options().coordinator_id);
   prefill_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
                                                   job_.prompt.end());
   *prefill_request.mutable_sampling() = job_.sampling;

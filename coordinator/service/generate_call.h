@@ -33,9 +33,9 @@
 #include "absl/time/time.h"
 #include "baton/v1/api.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/grpc/stream_reactor.h"
 #include "common/metrics/histogram_accumulator.h"
 #include "coordinator/service/cluster.h"
-#include "worker/service/stream_reactor.h"
 
 namespace baton::coordinator {
 
@@ -54,11 +54,12 @@ struct GenerateJob {
   absl::Time deadline = absl::InfiniteFuture();
 };
 
-// Validates `request` against `limits` and the served model:
+// Validates `request` against options.limits and the served model:
 // InvalidArgument naming the field (request_id, model, prompt, sampling.*)
-// and the limit, NotFound for another model.
+// and the limit, NotFound for another model. The job's id is unique among
+// the replicas (it carries options.coordinator_id).
 absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
-                                            const RequestLimits& limits,
+                                            const ClusterOptions& options,
                                             const v1::GenerateRequest& request,
                                             absl::Time deadline);
 

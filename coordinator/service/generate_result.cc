@@ -6,9 +6,9 @@
 #include "coordinator/service/generate_call.h"
 #include "coordinator/service/generate_call_internal.h"
 #include "model/tokenizer/incremental_decoder.h"
+#include "proto/convert.h"
 #include "worker/sampler/sampling_params.h"
 #include "worker/sampler/stop_checker.h"
-#include "worker/service/proto_convert.h"
 
 namespace baton::coordinator {
 

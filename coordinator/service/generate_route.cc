@@ -78,6 +78,7 @@ absl::Status GenerateCall::Route() {
     v1::ReserveKvRequest request;
     request.set_request_id(job_.internal_id);
     request.set_model_id(model_id);
+    request.set_coordinator_id(cluster_->options().coordinator_id);
     request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
     request.set_max_tokens(job_.sampling.max_tokens());
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);

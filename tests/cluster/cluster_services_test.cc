@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -117,6 +119,14 @@ TEST(ClusterServicesTest, HealthAndReflectionOnEveryServer) {
   }
   for (const Server& server : servers) {
     SCOPED_TRACE(server.what);
+    // A worker turns SERVING once registered, just after its coordinator
+    // lists it healthy.
+    const absl::Time guard = absl::Now() + absl::Seconds(30);
+    while (Health(server.address) !=
+               grpc::health::v1::HealthCheckResponse::SERVING &&
+           absl::Now() < guard) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
     EXPECT_EQ(Health(server.address),
               grpc::health::v1::HealthCheckResponse::SERVING);
     EXPECT_EQ(Health(server.address, server.service),

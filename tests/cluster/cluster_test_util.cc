@@ -5,10 +5,10 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "cli/model_bundle.h"
 #include "common/check.h"
 #include "common/test_util.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/model_bundle.h"
 #include "worker/service/proto_convert.h"
 
 namespace baton::testing {
@@ -49,7 +49,7 @@ namespace {
 class DefaultModelEngine {
  public:
   DefaultModelEngine(int num_threads, int64_t kv_cache_blocks) {
-    auto bundle = cli::LoadModelBundle(DefaultModelPath());
+    auto bundle = LoadModelBundle(DefaultModelPath());
     BATON_CHECK(bundle.ok()) << bundle.status();
     bundle_ = std::move(*bundle);
     EngineOptions options;
@@ -61,10 +61,10 @@ class DefaultModelEngine {
     engine_ = std::move(*engine);
   }
   Engine* operator->() { return engine_.get(); }
-  const cli::ModelBundle& bundle() const { return bundle_; }
+  const ModelBundle& bundle() const { return bundle_; }
 
  private:
-  cli::ModelBundle bundle_;
+  ModelBundle bundle_;
   std::unique_ptr<Engine> engine_;
 };
 

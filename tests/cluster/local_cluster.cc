@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/auth/bearer_interceptor.h"
 #include "common/status_macros.h"
 #include "common/test_util.h"
@@ -45,30 +46,36 @@ std::string BinaryDir() { return BATON_TEST_BINARY_DIR; }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
+  if (options.coordinators < 1) {
+    return absl::InvalidArgumentError(
+        "LocalCluster: coordinators must be >= 1");
+  }
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
-  const std::string model = DefaultModelPath();
-  std::vector<std::string> argv = {
-      BinaryDir() + "/baton-coordinator",
-      "--listen=127.0.0.1:0",
-      "--control_listen=127.0.0.1:0",
-      "--model=" + model,
-      absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
-      absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
-      absl::StrCat("--drain_timeout_s=", options.coordinator_drain_timeout_s)};
-  if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
-  argv.insert(argv.end(), options.coordinator_flags.begin(),
-              options.coordinator_flags.end());
-  cluster->coordinator_argv_ = std::move(argv);
-  cluster->http_ = options.http;
-  BATON_ASSIGN_OR_RETURN(
-      std::shared_ptr<grpc::ChannelCredentials> public_credentials,
-      MakeChannelCredentials(options.public_client_tls));
-  BATON_ASSIGN_OR_RETURN(
-      std::shared_ptr<grpc::ChannelCredentials> control_credentials,
-      MakeChannelCredentials(options.control_client_tls));
-  BATON_RETURN_IF_ERROR(cluster->SpawnCoordinator());
-  cluster->baton_ = v1::Baton::NewStub(CreateChannelWithKey(
-      cluster->address_, public_credentials, options.api_key));
+  cluster->options_ = options;
+  BATON_ASSIGN_OR_RETURN(cluster->public_credentials_,
+                         MakeChannelCredentials(options.public_client_tls));
+  BATON_ASSIGN_OR_RETURN(cluster->control_credentials_,
+                         MakeChannelCredentials(options.control_client_tls));
+  for (int r = 0; r < options.coordinators; ++r) {
+    std::vector<std::string> argv = {
+        BinaryDir() + "/baton-coordinator",
+        "--listen=127.0.0.1:0",
+        "--control_listen=127.0.0.1:0",
+        "--model=" + DefaultModelPath(),
+        absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
+        absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
+        absl::StrCat("--drain_timeout_s=",
+                     options.coordinator_drain_timeout_s)};
+    if (options.coordinators > 1) {
+      argv.push_back(absl::StrCat("--coordinator_id=replica", r));
+    }
+    if (options.http) argv.push_back("--http_listen=127.0.0.1:0");
+    argv.insert(argv.end(), options.coordinator_flags.begin(),
+                options.coordinator_flags.end());
+    cluster->coordinators_.emplace_back();
+    cluster->coordinators_.back().argv = std::move(argv);
+    BATON_RETURN_IF_ERROR(cluster->SpawnCoordinator(r));
+  }
 
   std::vector<std::string> roles;
   for (int i = 0; i < options.prefill; ++i) roles.push_back("prefill");
@@ -78,43 +85,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   // (From this thread: a child dies with the thread that started it.)
   std::vector<std::unique_ptr<ChildProcess>> spawned;
   for (size_t i = 0; i < roles.size(); ++i) {
-    const int64_t mib = roles[i] != "prefill" && options.decode_kv_cache_mib > 0
-                            ? options.decode_kv_cache_mib
-                            : options.kv_cache_mib;
-    std::vector<std::string> argv = {
-        BinaryDir() + "/baton-worker",
-        "--role=" + roles[i],
-        "--listen=127.0.0.1:0",
-        "--kv_listen=127.0.0.1:0",
-        "--model=" + model,
-        absl::StrCat("--threads=", options.threads),
-        absl::StrCat("--kv_cache_mib=", mib),
-        absl::StrCat("--drain_timeout_s=", options.drain_timeout_s),
-        "--coordinator=" + cluster->control_address_};
-    argv.insert(argv.end(), options.worker_flags.begin(),
-                options.worker_flags.end());
+    std::vector<std::string> extra;
     if (auto it = options.flags_of_worker.find(static_cast<int>(i));
         it != options.flags_of_worker.end()) {
-      argv.insert(argv.end(), it->second.begin(), it->second.end());
+      extra = it->second;
     }
-    auto child = ChildProcess::Start(argv);
+    auto child = ChildProcess::Start(cluster->WorkerArgv(roles[i], extra));
     if (!child.ok()) return child.status();
     spawned.push_back(std::move(*child));
   }
   for (size_t i = 0; i < roles.size(); ++i) {
-    if (absl::Status s = spawned[i]->WaitForFirstLine(absl::Seconds(60));
-        !s.ok()) {
-      return s;
-    }
-    Worker worker;
-    worker.role = roles[i];
-    worker.process = std::move(spawned[i]);
-    auto worker_address = ListeningAddress(worker.process->first_line());
-    if (!worker_address.ok()) return worker_address.status();
-    worker.address = *worker_address;
-    worker.stub = v1::Worker::NewStub(
-        grpc::CreateChannel(worker.address, control_credentials));
-    cluster->workers_.push_back(std::move(worker));
+    BATON_RETURN_IF_ERROR(
+        cluster->AdoptWorker(roles[i], std::move(spawned[i])));
   }
   if (options.wait_healthy) {
     absl::Status healthy =
@@ -124,49 +106,116 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   return cluster;
 }
 
-absl::Status LocalCluster::SpawnCoordinator() {
-  auto coordinator = ChildProcess::Spawn(coordinator_argv_, absl::Seconds(30));
-  if (!coordinator.ok()) return coordinator.status();
-  coordinator_ = std::move(*coordinator);
-  BATON_ASSIGN_OR_RETURN(address_,
-                         ListeningAddress(coordinator_->first_line()));
+std::vector<std::string> LocalCluster::WorkerArgv(
+    const std::string& role, const std::vector<std::string>& extra) const {
+  const int64_t mib = role != "prefill" && options_.decode_kv_cache_mib > 0
+                          ? options_.decode_kv_cache_mib
+                          : options_.kv_cache_mib;
+  std::vector<std::string> argv = {
+      BinaryDir() + "/baton-worker",
+      "--role=" + role,
+      "--listen=127.0.0.1:0",
+      "--kv_listen=127.0.0.1:0",
+      "--model=" + DefaultModelPath(),
+      absl::StrCat("--threads=", options_.threads),
+      absl::StrCat("--kv_cache_mib=", mib),
+      absl::StrCat("--drain_timeout_s=", options_.drain_timeout_s),
+      "--coordinator=" + ControlAddresses()};
+  argv.insert(argv.end(), options_.worker_flags.begin(),
+              options_.worker_flags.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+absl::Status LocalCluster::AdoptWorker(const std::string& role,
+                                       std::unique_ptr<ChildProcess> process) {
+  BATON_RETURN_IF_ERROR(process->WaitForFirstLine(absl::Seconds(60)));
+  Worker worker;
+  worker.role = role;
+  worker.process = std::move(process);
+  BATON_ASSIGN_OR_RETURN(worker.address,
+                         ListeningAddress(worker.process->first_line()));
+  worker.stub = v1::Worker::NewStub(
+      grpc::CreateChannel(worker.address, control_credentials_));
+  workers_.push_back(std::move(worker));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> LocalCluster::AddWorker(
+    const std::string& role, const std::vector<std::string>& extra_flags) {
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child,
+                         ChildProcess::Start(WorkerArgv(role, extra_flags)));
+  BATON_RETURN_IF_ERROR(AdoptWorker(role, std::move(child)));
+  return static_cast<int>(workers_.size()) - 1;
+}
+
+std::string LocalCluster::ControlAddresses() const {
+  std::vector<std::string> addresses;
+  for (const Coordinator& c : coordinators_) {
+    addresses.push_back(c.control_address);
+  }
+  // With several replicas, the first is named by a DNS name (localhost), as
+  // a headless Service names them: the worker resolves it.
+  if (addresses.size() > 1 && absl::StartsWith(addresses[0], "127.0.0.1:")) {
+    addresses[0] = absl::StrCat("localhost:", addresses[0].substr(10));
+  }
+  return absl::StrJoin(addresses, ",");
+}
+
+absl::Status LocalCluster::SpawnCoordinator(int replica) {
+  Coordinator& c = coordinators_.at(static_cast<size_t>(replica));
+  BATON_ASSIGN_OR_RETURN(c.process,
+                         ChildProcess::Spawn(c.argv, absl::Seconds(30)));
+  BATON_ASSIGN_OR_RETURN(c.address, ListeningAddress(c.process->first_line()));
   BATON_ASSIGN_OR_RETURN(
-      control_address_,
-      ListeningAddress(coordinator_->first_line(), ", control "));
-  if (http_) {
+      c.control_address,
+      ListeningAddress(c.process->first_line(), ", control "));
+  if (options_.http) {
     // "baton-coordinator http on HOST:PORT", printed after the first line.
     const std::string marker = "baton-coordinator http on ";
-    auto line = coordinator_->WaitForLine(marker, absl::Seconds(10));
+    auto line = c.process->WaitForLine(marker, absl::Seconds(10));
     if (!line.ok()) return line.status();
-    http_address_ = line->substr(marker.size());
+    c.http_address = line->substr(marker.size());
   }
   // A restart binds the same ports.
-  for (std::string& arg : coordinator_argv_) {
-    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + address_;
+  for (std::string& arg : c.argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = "--listen=" + c.address;
     if (absl::StartsWith(arg, "--control_listen=")) {
-      arg = "--control_listen=" + control_address_;
+      arg = "--control_listen=" + c.control_address;
     }
-    if (http_ && absl::StartsWith(arg, "--http_listen=")) {
-      arg = "--http_listen=" + http_address_;
+    if (options_.http && absl::StartsWith(arg, "--http_listen=")) {
+      arg = "--http_listen=" + c.http_address;
     }
   }
+  c.baton = v1::Baton::NewStub(
+      CreateChannelWithKey(c.address, public_credentials_, options_.api_key));
   return absl::OkStatus();
 }
 
 absl::Status LocalCluster::RestartCoordinator() {
-  coordinator_->Signal(SIGKILL);
-  coordinator_->Wait(absl::Seconds(10)).IgnoreError();
-  return SpawnCoordinator();
+  KillCoordinator(0);
+  return SpawnCoordinator(0);
+}
+
+void LocalCluster::KillCoordinator(int replica) {
+  ChildProcess& process =
+      *coordinators_.at(static_cast<size_t>(replica)).process;
+  process.Signal(SIGKILL);
+  process.Wait(absl::Seconds(10)).IgnoreError();
 }
 
 LocalCluster::~LocalCluster() {
   for (Worker& w : workers_) w.process->Signal(SIGTERM);
-  if (coordinator_ != nullptr) coordinator_->Signal(SIGTERM);
+  for (Coordinator& c : coordinators_) {
+    if (c.process != nullptr) c.process->Signal(SIGTERM);
+  }
   for (Worker& w : workers_) {
     if (!w.process->Wait(absl::Seconds(10)).ok()) w.process->Signal(SIGKILL);
   }
-  if (coordinator_ != nullptr && !coordinator_->Wait(absl::Seconds(10)).ok()) {
-    coordinator_->Signal(SIGKILL);
+  for (Coordinator& c : coordinators_) {
+    if (c.process != nullptr && !c.process->Wait(absl::Seconds(10)).ok()) {
+      c.process->Signal(SIGKILL);
+    }
   }
 }
 
@@ -213,8 +262,14 @@ absl::Status LocalCluster::Stop() {
                            w.process.get());
     }
   }
-  if (coordinator_ != nullptr && coordinator_->running()) {
-    running.emplace_back("coordinator", coordinator_.get());
+  for (size_t r = 0; r < coordinators_.size(); ++r) {
+    ChildProcess* process = coordinators_[r].process.get();
+    if (process != nullptr && process->running()) {
+      running.emplace_back(coordinators_.size() == 1
+                               ? std::string("coordinator")
+                               : absl::StrCat("coordinator ", r),
+                           process);
+    }
   }
   return TerminateAll(running);
 }
@@ -233,20 +288,28 @@ absl::Status LocalCluster::WaitHealthy(int count, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (absl::Now() < deadline) {
-    v1::GetClusterStatusResponse status;
-    auto context = ShortContext();
-    grpc::Status rpc = baton_->GetClusterStatus(
-        context.get(), v1::GetClusterStatusRequest(), &status);
-    if (rpc.ok()) {
-      int healthy = 0;
-      for (const v1::WorkerStatus& w : status.workers()) {
-        if (w.health() == v1::WORKER_HEALTH_HEALTHY) ++healthy;
+    last.clear();
+    for (size_t r = 0; r < coordinators_.size() && last.empty(); ++r) {
+      Coordinator& c = coordinators_[r];
+      if (!c.process->running()) continue;
+      v1::GetClusterStatusResponse status;
+      auto context = ShortContext();
+      grpc::Status rpc = c.baton->GetClusterStatus(
+          context.get(), v1::GetClusterStatusRequest(), &status);
+      if (rpc.ok()) {
+        int healthy = 0;
+        for (const v1::WorkerStatus& w : status.workers()) {
+          if (w.health() == v1::WORKER_HEALTH_HEALTHY) ++healthy;
+        }
+        if (healthy != count) {
+          last =
+              absl::StrCat(healthy, " of ", count, " healthy at ", c.address);
+        }
+      } else {
+        last = absl::StrCat(c.address, ": ", rpc.error_message());
       }
-      if (healthy == count) return absl::OkStatus();
-      last = absl::StrCat(healthy, " of ", count, " healthy");
-    } else {
-      last = rpc.error_message();
     }
+    if (last.empty()) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return absl::DeadlineExceededError(
@@ -282,16 +345,19 @@ absl::Status LocalCluster::WaitAllFree(absl::Duration timeout) {
         break;
       }
     }
-    if (holder.empty()) {
+    for (size_t r = 0; r < coordinators_.size() && holder.empty(); ++r) {
+      Coordinator& c = coordinators_[r];
+      if (!c.process->running()) continue;
       v1::GetClusterStatusResponse status;
       auto context = ShortContext();
-      grpc::Status rpc = baton_->GetClusterStatus(
+      grpc::Status rpc = c.baton->GetClusterStatus(
           context.get(), v1::GetClusterStatusRequest(), &status);
       if (!rpc.ok()) {
-        holder = absl::StrCat("coordinator: ", rpc.error_message());
+        holder =
+            absl::StrCat("coordinator ", c.address, ": ", rpc.error_message());
       } else if (status.active_requests() != 0) {
-        holder = absl::StrCat("coordinator: ", status.active_requests(),
-                              " active requests");
+        holder = absl::StrCat("coordinator ", c.address, ": ",
+                              status.active_requests(), " active requests");
       }
     }
     if (holder.empty()) return absl::OkStatus();

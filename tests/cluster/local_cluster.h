@@ -21,6 +21,9 @@
 namespace baton::testing {
 
 struct LocalClusterOptions {
+  // Coordinator replicas serving the cluster (each worker registers with
+  // all of them); replica 0 is the one address() and baton() name.
+  int coordinators = 1;
   int prefill = 1;
   int decode = 1;
   int both = 0;
@@ -72,19 +75,29 @@ class LocalCluster {
   // SIGTERM to every process, SIGKILL after 10 s.
   ~LocalCluster();
 
-  // The coordinator's public port (baton.v1.Baton).
-  const std::string& address() const { return address_; }
+  // The coordinator's public port (baton.v1.Baton); of replica `r`.
+  const std::string& address(int r = 0) const { return replica(r).address; }
   // The coordinator's control plane (baton.v1.Coordinator; workers).
-  const std::string& control_address() const { return control_address_; }
+  const std::string& control_address(int r = 0) const {
+    return replica(r).control_address;
+  }
   // "127.0.0.1:PORT" of the HTTP API; empty unless options.http.
-  const std::string& http_address() const { return http_address_; }
-  v1::Baton::Stub& baton() { return *baton_; }
+  const std::string& http_address(int r = 0) const {
+    return replica(r).http_address;
+  }
+  v1::Baton::Stub& baton(int r = 0) {
+    return *coordinators_.at(static_cast<size_t>(r)).baton;
+  }
+  int coordinator_count() const {
+    return static_cast<int>(coordinators_.size());
+  }
   std::vector<Worker>& workers() { return workers_; }
 
-  // Until GetClusterStatus lists `count` HEALTHY workers.
+  // Until GetClusterStatus of every running replica lists `count` HEALTHY
+  // workers.
   absl::Status WaitHealthy(int count, absl::Duration timeout);
   // Until every running worker reports kv_blocks_free == kv_blocks_total
-  // and no leased request, and the coordinator no active request. The
+  // and no leased request, and every running replica no active request. The
   // error names the first worker still holding blocks, with its numbers.
   absl::Status WaitAllFree(absl::Duration timeout);
   // SIGTERM to every running process; OK if each exits with status 0 (a
@@ -95,14 +108,23 @@ class LocalCluster {
   absl::Status StopWorker(int index);
   // SIGKILL to worker `index`, reaped before returning.
   void Kill(int index);
-  // SIGKILL to the coordinator, then a new one on the same public and
-  // control ports (the workers find it there and register again); returns
-  // once it listens, without waiting for the workers.
+  // SIGKILL to the coordinator (replica 0), then a new one on the same
+  // public and control ports (the workers find it there and register
+  // again); returns once it listens, without waiting for the workers.
   absl::Status RestartCoordinator();
+  // SIGKILL to coordinator replica `r`, reaped before returning.
+  void KillCoordinator(int r);
   // Until a worker stops itself (--fault=POINT:stop); its index. The
   // timeout only guards against a hang: the stop is an event of the
   // request, not of the clock. DeadlineExceeded naming the timeout.
   absl::StatusOr<int> WaitForStoppedWorker(absl::Duration timeout);
+
+  // Starts one more worker of `role` ("prefill", "decode", "both") with the
+  // cluster's options plus `extra_flags`, once it listens; its index in
+  // workers(). It registers on its own: WaitHealthy(n) waits for that.
+  absl::StatusOr<int> AddWorker(
+      const std::string& role,
+      const std::vector<std::string>& extra_flags = {});
 
   // The index of the worker with this address, or -1.
   int WorkerIndex(const std::string& address) const;
@@ -110,17 +132,34 @@ class LocalCluster {
  private:
   LocalCluster() = default;
 
-  // Spawns the coordinator from coordinator_argv_ and reads its addresses
-  // (the ports it bound become part of coordinator_argv_ for restarts).
-  absl::Status SpawnCoordinator();
+  struct Coordinator {
+    std::vector<std::string> argv;
+    std::unique_ptr<ChildProcess> process;
+    std::string address;
+    std::string control_address;
+    std::string http_address;
+    std::unique_ptr<v1::Baton::Stub> baton;
+  };
+  const Coordinator& replica(int r) const {
+    return coordinators_.at(static_cast<size_t>(r));
+  }
+  // Spawns replica `r` from its argv and reads its addresses (the ports it
+  // bound become part of its argv, for restarts).
+  absl::Status SpawnCoordinator(int r);
+  // Every replica's control address, comma-separated (--coordinator).
+  std::string ControlAddresses() const;
 
-  std::vector<std::string> coordinator_argv_;
-  bool http_ = false;
-  std::unique_ptr<ChildProcess> coordinator_;
-  std::string address_;
-  std::string control_address_;
-  std::string http_address_;
-  std::unique_ptr<v1::Baton::Stub> baton_;
+  // A worker's command line: the cluster's options, then `extra`.
+  std::vector<std::string> WorkerArgv(
+      const std::string& role, const std::vector<std::string>& extra) const;
+  // Waits for a started worker's first line and adds it to workers_.
+  absl::Status AdoptWorker(const std::string& role,
+                           std::unique_ptr<ChildProcess> process);
+
+  LocalClusterOptions options_;
+  std::shared_ptr<grpc::ChannelCredentials> public_credentials_;
+  std::shared_ptr<grpc::ChannelCredentials> control_credentials_;
+  std::vector<Coordinator> coordinators_;
   std::vector<Worker> workers_;
 };
 

@@ -99,6 +99,10 @@ def check_structure(objects, overlay):
             problems.append(f"no Deployment {name}")
     if ("Service", "baton-coordinator") not in by_key:
         problems.append("no Service baton-coordinator")
+    replicas = by_key.get(("Service", "baton-coordinator-replicas"), {}).get("spec", {})
+    if replicas.get("clusterIP") != "None" or not replicas.get("publishNotReadyAddresses"):
+        problems.append("no headless Service baton-coordinator-replicas listing every "
+                        "coordinator replica (also before it is ready)")
 
     for name, spec in deployments.items():
         worker = name in WORKERS
@@ -147,8 +151,10 @@ def check_structure(objects, overlay):
                     problems.append(f"{where}: POD_IP not from the downward API")
                 if byname.get("BATON_HOST", {}).get("value") != "$(POD_IP)":
                     problems.append(f"{where}: BATON_HOST is not the pod IP")
-                if byname.get("BATON_COORDINATOR", {}).get("value") != "baton-coordinator:50052":
-                    problems.append(f"{where}: BATON_COORDINATOR is not the coordinator Service")
+                if byname.get("BATON_COORDINATOR", {}).get("value") != \
+                        "baton-coordinator-replicas:50052":
+                    problems.append(f"{where}: BATON_COORDINATOR is not the coordinator "
+                                    "replicas' headless Service")
                 mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
                 volumes = {v["name"]: v for v in spec.get("volumes", [])}
                 shm = volumes.get(mounts.get("/dev/shm"), {}).get("emptyDir", {})
@@ -292,7 +298,12 @@ class K8sTest(unittest.TestCase):
             c = container(o, "baton-decode-worker")
             c["envFrom"] = [f for f in c["envFrom"] if f["configMapRef"]["name"] != "baton-nccl"]
 
+        def one_coordinator_address(o):
+            next(x for x in o if key(x) == ("Service", "baton-coordinator-replicas"))[
+                "spec"]["clusterIP"] = "10.0.0.9"
+
         cases = {
+            "no headless Service baton-coordinator-replicas": one_coordinator_address,
             "nvidia.com/gpu outside a GPU worker": gpu_on_coordinator,
             "resources.requests != limits": requests_below_limits,
             "/dev/shm is not a sized memory emptyDir": shm_on_disk,

@@ -9,13 +9,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace baton {
-namespace {
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "baton-worker: %s\n", line.c_str());
-}
-
-}  // namespace
 
 void SetWorkerIdentity(const std::string& worker_id,
                        v1::RegisterWorkerRequest* request) {
@@ -31,17 +24,37 @@ void SetWorkerIdentity(const std::string& worker_id,
   request->set_incarnation(incarnation);
 }
 
+namespace {
+
+std::shared_ptr<grpc::Channel> ControlChannel(
+    const std::string& coordinator, const std::string& server_name,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  grpc::ChannelArguments args;
+  if (!server_name.empty() && credentials != nullptr) {
+    args.SetSslTargetNameOverride(server_name);
+  }
+  return grpc::CreateCustomChannel(
+      coordinator,
+      credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+      args);
+}
+
+}  // namespace
+
 Registrar::Registrar(const std::string& coordinator,
                      v1::RegisterWorkerRequest request, WorkerService* service,
                      std::function<absl::Status()> healthy,
-                     std::shared_ptr<grpc::ChannelCredentials> credentials)
-    : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(
-          coordinator, credentials != nullptr
-                           ? credentials
-                           : grpc::InsecureChannelCredentials()))),
+                     std::shared_ptr<grpc::ChannelCredentials> credentials,
+                     const std::string& server_name,
+                     std::function<void()> on_registered)
+    : coordinator_(coordinator),
+      server_name_(server_name),
+      stub_(v1::Coordinator::NewStub(
+          ControlChannel(coordinator, server_name, std::move(credentials)))),
       request_(std::move(request)),
       service_(service),
       healthy_(std::move(healthy)),
+      on_registered_(std::move(on_registered)),
       thread_([this] { Run(); }) {}
 
 Registrar::~Registrar() {
@@ -51,6 +64,21 @@ Registrar::~Registrar() {
   }
   thread_.join();
   Deregister();
+}
+
+void Registrar::Log(const std::string& line) const {
+  std::fprintf(stderr, "baton-worker: %s (coordinator %s)\n", line.c_str(),
+               coordinator_.c_str());
+}
+
+std::vector<std::string> Registrar::OwnLeases() {
+  return service_->LeasedRequestIds(
+      coordinator_id_.empty() ? std::nullopt
+                              : std::optional<std::string>(coordinator_id_));
+}
+
+void Registrar::CancelOwnLeases(const std::string& reason) {
+  for (const std::string& id : OwnLeases()) service_->CancelRequest(id, reason);
 }
 
 void Registrar::StartDraining() {
@@ -88,6 +116,7 @@ void Registrar::Deregister(bool drain) {
     drain_told_ = status.ok();
   } else {
     worker_id_.clear();
+    registered_.store(false);
   }
 }
 
@@ -144,24 +173,34 @@ void Registrar::Run() {
       if (!status.ok()) {
         Log(absl::StrCat("register failed (", status.error_message(),
                          "); retrying"));
+        unreachable_.store(true);
+        // A draining worker waits for no coordinator it cannot reach.
+        if (drain) coordinator_leases_.store(0);
         wait = absl::Seconds(1);
         continue;
       }
       worker_id_ = response.worker_id();
       epoch_ = response.epoch();
+      coordinator_id_ = response.coordinator_id();
       interval_ = absl::Milliseconds(response.heartbeat_interval_ms() > 0
                                          ? response.heartbeat_interval_ms()
                                          : 500.0);
+      lease_ttl_ = absl::Milliseconds(
+          response.lease_ttl_ms() > 0 ? response.lease_ttl_ms() : 3000.0);
+      last_heartbeat_ok_ = absl::Now();
+      unreachable_.store(false);
+      registered_.store(true);
       service_->SetWorkerRef(worker_id_, request_.address());
       drain_told_ = false;
       Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
+      if (on_registered_) on_registered_();
     }
     if (drain) Deregister(/*drain=*/true);
     v1::HeartbeatRequest heartbeat;
     heartbeat.set_worker_id(worker_id_);
     heartbeat.set_epoch(epoch_);
     *heartbeat.mutable_load() = service_->Load();
-    for (const std::string& id : service_->LeasedRequestIds()) {
+    for (const std::string& id : OwnLeases()) {
       heartbeat.add_leased_request_ids(id);
     }
     v1::HeartbeatResponse response;
@@ -173,15 +212,31 @@ void Registrar::Run() {
         status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       Log(absl::StrCat("coordinator dropped this worker (",
                        status.error_message(), "); re-registering"));
-      for (const std::string& id : service_->LeasedRequestIds()) {
-        service_->CancelRequest(id, "stale registration");
-      }
+      CancelOwnLeases("stale registration");
       worker_id_.clear();
+      registered_.store(false);
       wait = absl::ZeroDuration();
       continue;
     }
-    if (!status.ok()) {
+    if (status.ok()) {
+      last_heartbeat_ok_ = absl::Now();
+    } else {
       Log(absl::StrCat("heartbeat failed (", status.error_message(), ")"));
+      if (absl::Now() - last_heartbeat_ok_ >= lease_ttl_) {
+        // The coordinator has marked this worker DOWN by now and failed
+        // its requests here, or it is gone: free what it held, as it
+        // would have, and register again once it answers.
+        Log(absl::StrCat("no heartbeat answered for ",
+                         absl::FormatDuration(lease_ttl_),
+                         "; freeing its requests here and registering again"));
+        CancelOwnLeases("coordinator unreachable");
+        unreachable_.store(true);
+        worker_id_.clear();
+        registered_.store(false);
+        coordinator_leases_.store(0);
+        wait = absl::Seconds(1);
+        continue;
+      }
     }
     for (const std::string& id : response.orphaned_request_ids()) {
       service_->CancelRequest(id, "orphaned");

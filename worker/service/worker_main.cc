@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,15 +23,17 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "baton/v1/worker.grpc.pb.h"
-#include "cli/model_bundle.h"
 #include "common/fault/fault_points.h"
 #include "common/grpc/serving.h"
 #include "common/grpc/tls.h"
@@ -39,6 +42,8 @@
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fault_injecting_runner.h"
+#include "worker/engine/model_bundle.h"
+#include "worker/service/coordinator_membership.h"
 #include "worker/service/device_flag.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/registrar.h"
@@ -87,7 +92,13 @@ ABSL_FLAG(std::string, fault, "",
           "common/fault/fault_points.h); empty: off");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator's control plane (its "
-          "--control_listen); empty: run standalone");
+          "--control_listen), or a comma-separated list of them: several "
+          "coordinator replicas serving one cluster, each registered with "
+          "and heartbeated. A host that is a DNS name stands for every "
+          "address it resolves to (e.g. a headless Service), looked up again "
+          "every --coordinator_resolve_s. Empty: run standalone");
+ABSL_FLAG(int64_t, coordinator_resolve_s, 10,
+          "how often a DNS name in --coordinator is looked up again");
 ABSL_FLAG(std::string, worker_id, "",
           "this worker's stable name with every coordinator (1-64 of "
           "[A-Za-z0-9._-]); empty: a random one, 'w-' and 8 hex digits, "
@@ -169,25 +180,30 @@ class HealthWatch {
   std::thread thread_;
 };
 
+// Set once a stop begins: a registration after it does not turn the
+// worker SERVING again.
+std::atomic<bool> stopping{false};
+
 // The graceful part of a stop: NOT_SERVING at once, DRAINING at the
 // coordinator (nothing new is routed here), then waits until no request
 // holds blocks here (prefills, decodes, reservations) and the coordinator
 // has seen every one of them end, `timeout` runs out, or a second signal
 // comes.
 void Drain(int signal_number, absl::Duration timeout, grpc::Server* server,
-           WorkerService* service, Registrar* registrar) {
+           WorkerService* service, CoordinatorMembership* membership) {
+  stopping.store(true);
   if (timeout <= absl::ZeroDuration()) {
     Log(absl::StrCat("signal ", signal_number, ", stopping"));
     return;
   }
   server->GetHealthCheckService()->SetServingStatus(false);
-  if (registrar != nullptr) registrar->StartDraining();
+  if (membership != nullptr) membership->StartDraining();
   const absl::Time deadline = absl::Now() + timeout;
   auto in_flight = [&] {
     const size_t here = service->LeasedRequestIds().size();
-    const int there =
-        registrar != nullptr ? registrar->coordinator_leases() : 0;
-    return here > 0 ? here : (there != 0 ? size_t{1} : size_t{0});
+    const bool there =
+        membership != nullptr && membership->CoordinatorsHoldLeases();
+    return here > 0 ? here : (there ? size_t{1} : size_t{0});
   };
   size_t pending = in_flight();
   Log(absl::StrCat("signal ", signal_number, ", draining for up to ",
@@ -304,6 +320,11 @@ int Main() {
     Log(control_credentials.status().ToString());
     return 2;
   }
+  auto coordinators = ParseCoordinatorList(absl::GetFlag(FLAGS_coordinator));
+  if (!coordinators.ok()) {
+    Log(coordinators.status().ToString());
+    return 2;
+  }
   auto faults = ParseFaultSpecs(absl::GetFlag(FLAGS_fault));
   if (!faults.ok()) {
     Log(absl::StrCat("--fault: ", faults.status().message()));
@@ -315,7 +336,7 @@ int Main() {
     return 2;
   }
 
-  auto bundle = cli::LoadModelBundle(model_path);
+  auto bundle = LoadModelBundle(model_path);
   if (!bundle.ok()) {
     Log(bundle.status().ToString());
     return 1;
@@ -401,7 +422,10 @@ int Main() {
   auto running =
       StartServer(absl::GetFlag(FLAGS_listen),
                   {{service->get(), v1::Worker::service_full_name()}}, 4 << 20,
-                  tls, "--tls");
+                  tls, "--tls",
+                  // With coordinators: NOT_SERVING until one knows this
+                  // worker (readiness means registered).
+                  /*serving=*/coordinators->empty());
   if (!running.ok()) {
     Log(running.status().ToString());
     return 1;
@@ -430,8 +454,8 @@ int Main() {
     std::fflush(stdout);
   }
 
-  std::unique_ptr<Registrar> registrar;
-  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+  std::unique_ptr<CoordinatorMembership> membership;
+  if (!coordinators->empty()) {
     v1::RegisterWorkerRequest request;
     request.set_role(*role);
     // A stable name and a fresh incarnation: coordinators (restarted ones
@@ -452,17 +476,34 @@ int Main() {
     request.set_vocab_size(static_cast<int32_t>(config.vocab_size));
     request.set_architecture(config.architecture);
     Engine* engine_ptr = engine->get();
-    registrar = std::make_unique<Registrar>(
-        absl::GetFlag(FLAGS_coordinator), std::move(request), service->get(),
-        [engine_ptr] { return engine_ptr->health(); }, *control_credentials);
+    WorkerService* service_ptr = service->get();
+    std::shared_ptr<grpc::ChannelCredentials> credentials =
+        *control_credentials;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    auto on_registered = [engine_ptr, health] {
+      if (!stopping.load() && engine_ptr->health().ok()) {
+        health->SetServingStatus(true);
+      }
+    };
+    membership = std::make_unique<CoordinatorMembership>(
+        *std::move(coordinators),
+        [request, engine_ptr, service_ptr, credentials, on_registered](
+            const std::string& address, const std::string& server_name) {
+          return std::make_unique<Registrar>(
+              address, request, service_ptr,
+              [engine_ptr] { return engine_ptr->health(); }, credentials,
+              server_name, on_registered);
+        },
+        absl::Seconds(
+            std::max<int64_t>(1, absl::GetFlag(FLAGS_coordinator_resolve_s))));
   }
   auto health_watch =
       std::make_unique<HealthWatch>(engine->get(), server.get());
 
   const int signal_number = WaitForTerminationSignal();
   Drain(signal_number, absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)),
-        server.get(), service->get(), registrar.get());
-  registrar.reset();
+        server.get(), service->get(), membership.get());
+  membership.reset();
   health_watch.reset();
   metrics_server.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

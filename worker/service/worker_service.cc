@@ -114,7 +114,8 @@ v1::WorkerLoad WorkerService::Load() {
   return load;
 }
 
-std::vector<std::string> WorkerService::LeasedRequestIds() {
+std::vector<std::string> WorkerService::LeasedRequestIds(
+    std::optional<std::string> owner) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> ids;
   for (const auto& [id, unused] : imports_) ids.push_back(id);
@@ -124,6 +125,17 @@ std::vector<std::string> WorkerService::LeasedRequestIds() {
   for (const std::string& id : running_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  // Owners of leases that ended go (a lease and its owner are added under
+  // one lock, so no live lease loses its owner here).
+  absl::erase_if(lease_owners_, [&](const auto& entry) {
+    return !std::binary_search(ids.begin(), ids.end(), entry.first);
+  });
+  if (owner.has_value()) {
+    std::erase_if(ids, [&](const std::string& id) {
+      auto it = lease_owners_.find(id);
+      return it != lease_owners_.end() && it->second != *owner;
+    });
+  }
   return ids;
 }
 
@@ -160,7 +172,8 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
       return absl::InvalidArgumentError(
           "kv_target: required on a worker whose role is not both");
     }
-    return StartLocalRequest(std::move(generation), reactor);
+    return StartLocalRequest(std::move(generation), request->coordinator_id(),
+                             reactor);
   }();
   if (!status.ok()) {
     RecordEnd("prefill", status);
@@ -255,6 +268,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
   {
     absl::MutexLock lock(&mu_);
     running_.insert(id);
+    TagLeaseLocked(id, request.coordinator_id());
   }
   reactor->SetOnCancel(CancelOnClientGone(id, "prefill cancelled"));
   queued_prefill_tokens_ += prompt_tokens;
@@ -316,6 +330,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
 }
 
 absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
+                                              const std::string& owner,
                                               PrefillReactor* reactor) {
   auto local = std::make_shared<LocalRequest>();
   local->id = generation.id;
@@ -329,6 +344,7 @@ absl::Status WorkerService::StartLocalRequest(GenerationRequest generation,
           "request_id: '", local->id, "' is already in use on this worker"));
     }
     locals_[local->id] = local;
+    TagLeaseLocked(local->id, owner);
   }
   const std::string id = local->id;
   reactor->SetOnCancel(CancelOnClientGone(id, "prefill cancelled"));

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/grpc/stream_reactor.h"
 #include "common/metrics/metrics.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/service/callback_gate.h"
 #include "worker/service/engine_loop.h"
-#include "worker/service/stream_reactor.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/transport/tcp_kv_transport.h"
 
@@ -135,8 +136,11 @@ class WorkerService final : public v1::Worker::CallbackService {
   void SetWorkerRef(const std::string& worker_id, const std::string& address);
   // Load right now, as heartbeats and GetWorkerStatus report it.
   v1::WorkerLoad Load();
-  // Requests holding (or about to hold) blocks here.
-  std::vector<std::string> LeasedRequestIds();
+  // Requests holding (or about to hold) blocks here. With `owner`: only
+  // those the coordinator replica `owner` took, and those taken without a
+  // coordinator_id (PrefillRequest / ReserveKvRequest.coordinator_id).
+  std::vector<std::string> LeasedRequestIds(
+      std::optional<std::string> owner = std::nullopt);
   // Frees every lease of request_id here, as the Cancel RPC does; returns
   // whether the request was known.
   bool CancelRequest(const std::string& request_id, const std::string& reason);
@@ -207,6 +211,7 @@ class WorkerService final : public v1::Worker::CallbackService {
                                  GenerationRequest generation,
                                  PrefillReactor* reactor);
   absl::Status StartLocalRequest(GenerationRequest generation,
+                                 const std::string& owner,
                                  PrefillReactor* reactor);
   void OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
                      const RequestOutput& output);
@@ -256,6 +261,14 @@ class WorkerService final : public v1::Worker::CallbackService {
       ABSL_GUARDED_BY(mu_);
   // Split prefills and imported decodes running in the engine.
   absl::flat_hash_set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  // The coordinator replica that took each lease, when it said (set in the
+  // same critical section as the lease; pruned by LeasedRequestIds).
+  absl::flat_hash_map<std::string, std::string> lease_owners_
+      ABSL_GUARDED_BY(mu_);
+  void TagLeaseLocked(const std::string& id, const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!owner.empty()) lease_owners_[id] = owner;
+  }
 };
 
 }  // namespace baton

@@ -89,6 +89,7 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     }
     PendingImport& pending = imports_[id];
     pending.transfer_id = transfer_id;
+    TagLeaseLocked(id, request->coordinator_id());
     const absl::Duration ttl =
         request->reservation_ttl_ms() > 0
             ? absl::Milliseconds(request->reservation_ttl_ms())

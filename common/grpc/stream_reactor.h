@@ -4,8 +4,8 @@
 // owners, gRPC (until OnDone) and the producer (until Close), and deletes
 // itself when both have let go, so a producer may call Push/Close after the
 // client went away (the messages are dropped).
-#ifndef BATON_WORKER_SERVICE_STREAM_REACTOR_H_
-#define BATON_WORKER_SERVICE_STREAM_REACTOR_H_
+#ifndef BATON_COMMON_GRPC_STREAM_REACTOR_H_
+#define BATON_COMMON_GRPC_STREAM_REACTOR_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -127,4 +127,4 @@ class StreamReactor final : public grpc::ServerWriteReactor<Response> {
 
 }  // namespace baton
 
-#endif  // BATON_WORKER_SERVICE_STREAM_REACTOR_H_
+#endif  // BATON_COMMON_GRPC_STREAM_REACTOR_H_

@@ -1,8 +1,8 @@
-#include "cli/model_bundle.h"
+#include "worker/engine/model_bundle.h"
 
 #include "common/status_macros.h"
 
-namespace baton::cli {
+namespace baton {
 
 absl::StatusOr<ModelBundle> LoadModelBundle(const std::string& path) {
   ModelBundle bundle;
@@ -31,4 +31,4 @@ std::vector<int32_t> ModelBundle::EncodePrompt(const std::string& text,
   return tokenizer->Encode(rendered, options);
 }
 
-}  // namespace baton::cli
+}  // namespace baton

@@ -1,7 +1,7 @@
-// A loaded model with its tokenizer and chat template, as the CLI commands
-// and workers need them.
-#ifndef BATON_CLI_MODEL_BUNDLE_H_
-#define BATON_CLI_MODEL_BUNDLE_H_
+// A loaded model with its tokenizer and chat template, as the CLI commands,
+// workers, tests and benchmarks need them.
+#ifndef BATON_WORKER_ENGINE_MODEL_BUNDLE_H_
+#define BATON_WORKER_ENGINE_MODEL_BUNDLE_H_
 
 #include <memory>
 #include <optional>
@@ -13,7 +13,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "worker/engine/model_weights.h"
 
-namespace baton::cli {
+namespace baton {
 
 struct ModelBundle {
   std::unique_ptr<ModelWeights> weights;
@@ -29,6 +29,6 @@ struct ModelBundle {
 // the chat template when the model declares one Baton knows.
 absl::StatusOr<ModelBundle> LoadModelBundle(const std::string& path);
 
-}  // namespace baton::cli
+}  // namespace baton
 
-#endif  // BATON_CLI_MODEL_BUNDLE_H_
+#endif  // BATON_WORKER_ENGINE_MODEL_BUNDLE_H_
