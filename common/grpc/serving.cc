@@ -24,6 +24,19 @@ sigset_t TerminationSignals() {
   return signals;
 }
 
+// The HOST of "HOST:PORT" (port 0 to 65535); InvalidArgument otherwise.
+absl::StatusOr<std::string> ListenHost(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", listen, "' is not HOST:PORT"));
+  }
+  return listen.substr(0, colon);
+}
+
 }  // namespace
 
 void BlockTerminationSignals() {
@@ -53,17 +66,11 @@ absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
     int max_receive_bytes, const TlsFiles& tls,
     const std::string& tls_flag_prefix, bool serving) {
-  const size_t colon = listen.rfind(':');
-  int requested = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &requested) ||
-      requested < 0 || requested > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", listen, "' is not HOST:PORT"));
-  }
+  absl::StatusOr<std::string> listen_host = ListenHost(listen);
+  if (!listen_host.ok()) return listen_host.status();
   auto credentials = MakeServerCredentials(tls, tls_flag_prefix);
   if (!credentials.ok()) return credentials.status();
-  const std::string host = listen.substr(0, colon);
+  const std::string& host = *listen_host;
   if (!tls.enabled() && !IsLoopbackHost(host)) {
     std::fprintf(stderr,
                  "warning: %s serves plaintext gRPC on a non-loopback "
@@ -95,6 +102,44 @@ absl::StatusOr<RunningServer> StartServer(
   if (!serving) health->SetServingStatus(false);
   running.address = absl::StrCat(host, ":", port);
   return running;
+}
+
+absl::StatusOr<RunningServer> StartHealthServer(const std::string& listen,
+                                                bool serving) {
+  absl::StatusOr<std::string> host = ListenHost(listen);
+  if (!host.ok()) return host.status();
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  RunningServer running;
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  running.server->GetHealthCheckService()->SetServingStatus(serving);
+  running.address = absl::StrCat(*host, ":", port);
+  return running;
+}
+
+void HealthStatus::Add(grpc::Server* server) {
+  absl::MutexLock lock(&mu_);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(serving_);
+  services_.push_back(health);
+}
+
+void HealthStatus::Set(bool serving) {
+  absl::MutexLock lock(&mu_);
+  serving_ = serving;
+  for (grpc::HealthCheckServiceInterface* h : services_) {
+    h->SetServingStatus(serving);
+  }
+}
+
+bool HealthStatus::serving() {
+  absl::MutexLock lock(&mu_);
+  return serving_;
 }
 
 }  // namespace baton

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc/tls.h"
 
@@ -53,6 +55,32 @@ absl::StatusOr<RunningServer> StartServer(
     const std::string& listen, const std::vector<ServedService>& services,
     int max_receive_bytes = 4 << 20, const TlsFiles& tls = {},
     const std::string& tls_flag_prefix = "--tls", bool serving = true);
+
+// A plaintext server with the health service only (`--health_listen`):
+// what Kubernetes' gRPC probes, which speak no TLS, can ask while the
+// process's real ports take only TLS. It tells nothing else; its status
+// follows a HealthStatus.
+absl::StatusOr<RunningServer> StartHealthServer(const std::string& listen,
+                                                bool serving);
+
+// One process's health as every server it runs reports it: Set turns the
+// grpc.health.v1 status ("" and every service) of each added server.
+// Thread-safe.
+class HealthStatus {
+ public:
+  explicit HealthStatus(bool serving) : serving_(serving) {}
+  // Takes the current status at once; `server` must outlive this object's
+  // last Set.
+  void Add(grpc::Server* server);
+  void Set(bool serving);
+  bool serving();
+
+ private:
+  absl::Mutex mu_;
+  bool serving_ ABSL_GUARDED_BY(mu_);
+  std::vector<grpc::HealthCheckServiceInterface*> services_
+      ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace baton
 

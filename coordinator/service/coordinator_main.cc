@@ -118,6 +118,10 @@ ABSL_FLAG(int64_t, drain_timeout_s, 30,
           "on SIGTERM or SIGINT: refuse new requests (health NOT_SERVING) and "
           "let running ones finish for up to this long; then end the rest "
           "(finish_reason cancelled for streams under way)");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext server with only grpc.health.v1, "
+          "following the coordinator's health (for probes that speak no "
+          "TLS, such as Kubernetes'); empty: none");
 ABSL_FLAG(std::string, coordinator_id, "",
           "this replica's id among several coordinators serving one cluster "
           "(letters, digits, '-', '_', at most 64); it tags the leases it "
@@ -265,6 +269,22 @@ int Main() {
     return 1;
   }
   std::unique_ptr<grpc::Server> control_server = std::move(control->server);
+  HealthStatus health(/*serving=*/true);
+  health.Add(server.get());
+  health.Add(control_server.get());
+  std::unique_ptr<grpc::Server> health_server;
+  std::string health_address;
+  if (const std::string listen = absl::GetFlag(FLAGS_health_listen);
+      !listen.empty()) {
+    auto started = StartHealthServer(listen, /*serving=*/true);
+    if (!started.ok()) {
+      Log(absl::StrCat("--health_listen: ", started.status().ToString()));
+      return 1;
+    }
+    health_server = std::move(started->server);
+    health_address = started->address;
+    health.Add(health_server.get());
+  }
 
   std::unique_ptr<http::OpenAiGateway> gateway;
   if (const std::string listen = absl::GetFlag(FLAGS_http_listen);
@@ -322,13 +342,15 @@ int Main() {
     std::printf("baton-coordinator metrics on %s\n",
                 metrics_server->address().c_str());
   }
+  if (health_server != nullptr) {
+    std::printf("baton-coordinator health on %s\n", health_address.c_str());
+  }
   std::fflush(stdout);
 
   const int signal_number = WaitForTerminationSignal();
   // Drain: NOT_SERVING on both planes, new requests refused (UNAVAILABLE),
   // the running ones finish for up to --drain_timeout_s.
-  server->GetHealthCheckService()->SetServingStatus(false);
-  control_server->GetHealthCheckService()->SetServingStatus(false);
+  health.Set(false);
   const absl::Duration drain =
       absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   Log(absl::StrCat(
@@ -347,6 +369,9 @@ int Main() {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   control_server->Shutdown(std::chrono::system_clock::now() +
                            std::chrono::seconds(2));
+  if (health_server != nullptr) {
+    health_server->Shutdown(std::chrono::system_clock::now());
+  }
   gateway.reset();
   metrics_server.reset();
   server.reset();

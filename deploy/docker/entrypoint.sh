@@ -25,13 +25,17 @@
 # Coordinator:
 #   BATON_PORT [50051]  BATON_CONTROL_PORT [50052]  BATON_HTTP_PORT  [none]
 #   BATON_METRICS_PORT [none]  BATON_API_KEYS_FILE [none]
+#   BATON_HEALTH_PORT [none]  grpc.health.v1 alone, in plaintext, for
+#                   probes that speak no TLS (coordinators and workers)
 #   BATON_TLS_DIR   tls.crt, tls.key and ca.crt: mutual TLS on the control
 #                   plane [none: plaintext]
 #   BATON_PUBLIC_TLS_DIR  tls.crt and tls.key (a kubernetes.io/tls Secret):
 #                   TLS on the public API; with a ca.crt there, clients
 #                   must present a certificate from it [none: plaintext]
 # Worker:
-#   BATON_COORDINATOR  the coordinators' control plane, HOST:PORT (required)
+#   BATON_COORDINATOR  the coordinators' control planes: HOST:PORT, a list
+#                      of them, or a DNS name standing for every replica
+#                      (required)
 #   BATON_WORKER_PORT [50060]  BATON_KV_PORT [50061]  BATON_METRICS_PORT
 #   BATON_WORKER_ID    a stable name [the host name]
 #   BATON_THREADS [1]  BATON_KV_CACHE_MIB [512]  BATON_DEVICE [cpu]
@@ -98,6 +102,7 @@ case "$role" in
       --model="$MODEL" "$@"
     [ -n "${BATON_HTTP_PORT:-}" ] && set -- --http_listen="$(hostport "$BIND" "$BATON_HTTP_PORT")" "$@"
     [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="$(hostport "$BIND" "$BATON_METRICS_PORT")" "$@"
+    [ -n "${BATON_HEALTH_PORT:-}" ] && set -- --health_listen="$(hostport "$BIND" "$BATON_HEALTH_PORT")" "$@"
     [ -n "${BATON_API_KEYS_FILE:-}" ] && set -- --api_keys_file="$BATON_API_KEYS_FILE" "$@"
     # shellcheck disable=SC2046  # three whole flags, no spaces inside
     set -- $(tls_flags control_) "$@"
@@ -126,6 +131,7 @@ case "$role" in
       --device="${BATON_DEVICE:-cpu}" \
       --drain_timeout_s="${BATON_DRAIN_TIMEOUT_S:-30}" "$@"
     [ -n "${BATON_METRICS_PORT:-}" ] && set -- --metrics_listen="$(hostport "$BIND" "$BATON_METRICS_PORT")" "$@"
+    [ -n "${BATON_HEALTH_PORT:-}" ] && set -- --health_listen="$(hostport "$BIND" "$BATON_HEALTH_PORT")" "$@"
     if [ -n "${BATON_TLS_DIR:-}" ] && [ "${BATON_KV_TLS:-0}" = 1 ]; then
       set -- --kv_tls "$@"
     fi

@@ -96,6 +96,25 @@ void ExpectExitsZero(LocalCluster::Worker& worker) {
       << "wait status " << *status;
 }
 
+// Until the prefill worker (index 0) stops itself at its fault point; on a
+// failure, lets it go on and joins `client`.
+void ExpectPrefillStopped(LocalCluster& cluster, std::thread& client) {
+  const absl::StatusOr<int> stopped = cluster.WaitForStoppedWorker(Guard());
+  if (!stopped.ok() || *stopped != 0) {
+    cluster.workers()[0].process->Signal(SIGCONT);
+    client.join();
+  }
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_EQ(*stopped, 0);
+}
+
+void ExpectAnswer(const StreamResult& result, const Expected& expected) {
+  ASSERT_TRUE(result.status.ok()) << Describe(result);
+  ASSERT_TRUE(result.has_result) << Describe(result);
+  EXPECT_EQ(result.tokens, expected.tokens);
+  EXPECT_EQ(result.text, expected.text);
+}
+
 TEST(ClusterDrainTest, DecodeWorkerDrainsItsReservedRequest) {
   auto cluster = StartOrDie(DrainingCluster());
   ASSERT_NE(cluster, nullptr);
@@ -107,9 +126,7 @@ TEST(ClusterDrainTest, DecodeWorkerDrainsItsReservedRequest) {
   StreamResult result;
   std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
   // The prefill worker holds the prompt; the decode worker its reservation.
-  const absl::StatusOr<int> stopped = cluster->WaitForStoppedWorker(Guard());
-  ASSERT_TRUE(stopped.ok()) << stopped.status();
-  ASSERT_EQ(*stopped, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectPrefillStopped(*cluster, client));
 
   decode.process->Signal(SIGTERM);
   EXPECT_TRUE(Eventually([&] {
@@ -125,10 +142,7 @@ TEST(ClusterDrainTest, DecodeWorkerDrainsItsReservedRequest) {
 
   cluster->workers()[0].process->Signal(SIGCONT);
   client.join();
-  ASSERT_TRUE(result.status.ok()) << Describe(result);
-  ASSERT_TRUE(result.has_result) << Describe(result);
-  EXPECT_EQ(result.tokens, expected[0].tokens);
-  EXPECT_EQ(result.text, expected[0].text);
+  ExpectAnswer(result, expected[0]);
   EXPECT_EQ(result.result.decode_worker().address(), decode.address);
   ExpectExitsZero(decode);
   // Removed once it deregistered after the drain.
@@ -148,17 +162,13 @@ TEST(ClusterDrainTest, PrefillWorkerFinishesItsPrefillBeforeExiting) {
 
   StreamResult result;
   std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
-  const absl::StatusOr<int> stopped = cluster->WaitForStoppedWorker(Guard());
-  ASSERT_TRUE(stopped.ok()) << stopped.status();
-  ASSERT_EQ(*stopped, 0);
+  // The prefill worker holds the prompt; the decode worker its reservation.
+  ASSERT_NO_FATAL_FAILURE(ExpectPrefillStopped(*cluster, client));
   // Signalled mid-prefill: the prefill, its handoff and the request finish.
   prefill.process->Signal(SIGTERM);
   prefill.process->Signal(SIGCONT);
   client.join();
-  ASSERT_TRUE(result.status.ok()) << Describe(result);
-  ASSERT_TRUE(result.has_result) << Describe(result);
-  EXPECT_EQ(result.tokens, expected[0].tokens);
-  EXPECT_EQ(result.text, expected[0].text);
+  ExpectAnswer(result, expected[0]);
   ExpectExitsZero(prefill);
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);

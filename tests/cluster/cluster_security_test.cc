@@ -18,6 +18,7 @@
 #include "common/grpc/tls.h"
 #include "common/test_util.h"
 #include "common/testing/test_pki.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
@@ -79,10 +80,11 @@ class ClusterSecurityTest : public ::testing::Test {
         "--control_tls_cert=" + File("coordinator.crt"),
         "--control_tls_key=" + File("coordinator.key"),
         "--control_tls_ca=" + ca_,
-        "--api_keys_file=" + keys_};
-    options.worker_flags = {"--tls_cert=" + File("worker.crt"),
-                            "--tls_key=" + File("worker.key"),
-                            "--tls_ca=" + ca_, "--kv_tls"};
+        "--api_keys_file=" + keys_,
+        "--health_listen=127.0.0.1:0"};
+    options.worker_flags = {
+        "--tls_cert=" + File("worker.crt"), "--tls_key=" + File("worker.key"),
+        "--tls_ca=" + ca_, "--kv_tls", "--health_listen=127.0.0.1:0"};
     options.public_client_tls = Client("", ca_);
     options.control_client_tls = Client("operator", ca_);
     options.api_key = kKey;
@@ -123,6 +125,39 @@ struct ControlCodes {
   grpc::StatusCode worker_status;
   grpc::StatusCode cancel;
 };
+// A plaintext health port (--health_listen) answers grpc.health.v1 and
+// nothing else.
+void ExpectHealthOnly(ChildProcess& process, const std::string& marker) {
+  const absl::StatusOr<std::string> line =
+      process.WaitForLine(marker, absl::Seconds(30));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(marker.size());
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::health::v1::HealthCheckResponse health;
+  auto health_context = Context();
+  const grpc::Status checked =
+      grpc::health::v1::Health::NewStub(channel)->Check(health_context.get(),
+                                                        {}, &health);
+  ASSERT_TRUE(checked.ok()) << address << ": " << checked.error_message();
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING)
+      << address;
+  v1::GetWorkerStatusResponse status;
+  auto worker_context = Context();
+  EXPECT_EQ(v1::Worker::NewStub(channel)
+                ->GetWorkerStatus(worker_context.get(), {}, &status)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED)
+      << address;
+  v1::GetClusterStatusResponse cluster_status;
+  auto api_context = Context();
+  EXPECT_EQ(v1::Baton::NewStub(channel)
+                ->GetClusterStatus(api_context.get(), {}, &cluster_status)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED)
+      << address;
+}
+
 ControlCodes ControlPlaneCodes(LocalCluster& cluster, const TlsFiles& tls) {
   ControlCodes codes;
   auto coordinator = v1::Coordinator::NewStub(
@@ -221,6 +256,13 @@ TEST_F(ClusterSecurityTest, EveryPlaneRefusesUnauthenticatedPeers) {
   EXPECT_EQ(HttpStatus(https + "/v1/models", ca_, kKey), "200");
   EXPECT_EQ(HttpStatus(https + "/health", ca_, ""), "200");
   EXPECT_EQ(HttpStatus(https + "/metrics", ca_, ""), "200");
+
+  // Probes that speak no TLS (Kubernetes') ask the plaintext health ports,
+  // which tell nothing else.
+  ExpectHealthOnly(c.coordinator_process(), "baton-coordinator health on ");
+  for (LocalCluster::Worker& w : c.workers()) {
+    ExpectHealthOnly(*w.process, "baton-worker health on ");
+  }
   EXPECT_NE(HttpStatus("http://" + c.http_address() + "/v1/models", ca_, kKey),
             "200");
 

@@ -33,6 +33,19 @@ absl::StatusOr<std::string> ListeningAddress(
   return line.substr(begin, end == std::string::npos ? end : end - begin);
 }
 
+std::unique_ptr<grpc::ClientContext> ShortContext();
+
+}  // namespace
+
+grpc::Status LocalCluster::ClusterStatus(Coordinator& c,
+                                         v1::GetClusterStatusResponse* status) {
+  auto context = ShortContext();
+  return c.baton->GetClusterStatus(context.get(), v1::GetClusterStatusRequest(),
+                                   status);
+}
+
+namespace {
+
 std::unique_ptr<grpc::ClientContext> ShortContext() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() +
@@ -293,9 +306,7 @@ absl::Status LocalCluster::WaitHealthy(int count, absl::Duration timeout) {
       Coordinator& c = coordinators_[r];
       if (!c.process->running()) continue;
       v1::GetClusterStatusResponse status;
-      auto context = ShortContext();
-      grpc::Status rpc = c.baton->GetClusterStatus(
-          context.get(), v1::GetClusterStatusRequest(), &status);
+      const grpc::Status rpc = ClusterStatus(c, &status);
       if (rpc.ok()) {
         int healthy = 0;
         for (const v1::WorkerStatus& w : status.workers()) {
@@ -349,9 +360,7 @@ absl::Status LocalCluster::WaitAllFree(absl::Duration timeout) {
       Coordinator& c = coordinators_[r];
       if (!c.process->running()) continue;
       v1::GetClusterStatusResponse status;
-      auto context = ShortContext();
-      grpc::Status rpc = c.baton->GetClusterStatus(
-          context.get(), v1::GetClusterStatusRequest(), &status);
+      const grpc::Status rpc = ClusterStatus(c, &status);
       if (!rpc.ok()) {
         holder =
             absl::StrCat("coordinator ", c.address, ": ", rpc.error_message());

@@ -88,6 +88,9 @@ class LocalCluster {
   v1::Baton::Stub& baton(int r = 0) {
     return *coordinators_.at(static_cast<size_t>(r)).baton;
   }
+  ChildProcess& coordinator_process(int r = 0) {
+    return *coordinators_.at(static_cast<size_t>(r)).process;
+  }
   int coordinator_count() const {
     return static_cast<int>(coordinators_.size());
   }
@@ -146,6 +149,9 @@ class LocalCluster {
   // Spawns replica `r` from its argv and reads its addresses (the ports it
   // bound become part of its argv, for restarts).
   absl::Status SpawnCoordinator(int r);
+  // GetClusterStatus of replica `c`, with a short deadline.
+  static grpc::Status ClusterStatus(Coordinator& c,
+                                    v1::GetClusterStatusResponse* status);
   // Every replica's control address, comma-separated (--coordinator).
   std::string ControlAddresses() const;
 

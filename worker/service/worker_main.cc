@@ -97,6 +97,10 @@ ABSL_FLAG(std::string, coordinator, "",
           "and heartbeated. A host that is a DNS name stands for every "
           "address it resolves to (e.g. a headless Service), looked up again "
           "every --coordinator_resolve_s. Empty: run standalone");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext server with only grpc.health.v1, "
+          "following the worker's health (for probes that speak no TLS, "
+          "such as Kubernetes'); empty: none");
 ABSL_FLAG(int64_t, coordinator_resolve_s, 10,
           "how often a DNS name in --coordinator is looked up again");
 ABSL_FLAG(std::string, worker_id, "",
@@ -156,8 +160,8 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
 // device fault (polled every 250 ms).
 class HealthWatch {
  public:
-  HealthWatch(Engine* engine, grpc::Server* server)
-      : engine_(engine), server_(server), thread_([this] { Run(); }) {}
+  HealthWatch(Engine* engine, HealthStatus* health)
+      : engine_(engine), health_(health), thread_([this] { Run(); }) {}
   ~HealthWatch() {
     stop_.Notify();
     thread_.join();
@@ -167,7 +171,7 @@ class HealthWatch {
   void Run() {
     while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       if (absl::Status health = engine_->health(); !health.ok()) {
-        server_->GetHealthCheckService()->SetServingStatus(false);
+        health_->Set(false);
         Log(absl::StrCat("health: NOT_SERVING: ", health.ToString()));
         return;
       }
@@ -175,7 +179,7 @@ class HealthWatch {
   }
 
   Engine* const engine_;
-  grpc::Server* const server_;
+  HealthStatus* const health_;
   absl::Notification stop_;
   std::thread thread_;
 };
@@ -189,14 +193,14 @@ std::atomic<bool> stopping{false};
 // holds blocks here (prefills, decodes, reservations) and the coordinator
 // has seen every one of them end, `timeout` runs out, or a second signal
 // comes.
-void Drain(int signal_number, absl::Duration timeout, grpc::Server* server,
+void Drain(int signal_number, absl::Duration timeout, HealthStatus* health,
            WorkerService* service, CoordinatorMembership* membership) {
   stopping.store(true);
   if (timeout <= absl::ZeroDuration()) {
     Log(absl::StrCat("signal ", signal_number, ", stopping"));
     return;
   }
-  server->GetHealthCheckService()->SetServingStatus(false);
+  health->Set(false);
   if (membership != nullptr) membership->StartDraining();
   const absl::Time deadline = absl::Now() + timeout;
   auto in_flight = [&] {
@@ -439,6 +443,24 @@ int Main() {
               (*engine)->device_name().c_str());
   std::fflush(stdout);
 
+  // With coordinators: NOT_SERVING until one knows this worker.
+  HealthStatus health(/*serving=*/coordinators->empty());
+  health.Add(server.get());
+  std::unique_ptr<grpc::Server> health_server;
+  if (const std::string listen = absl::GetFlag(FLAGS_health_listen);
+      !listen.empty()) {
+    auto started = StartHealthServer(listen, health.serving());
+    if (!started.ok()) {
+      Log(absl::StrCat("--health_listen: ", started.status().ToString()));
+      server->Shutdown(std::chrono::system_clock::now());
+      return 1;
+    }
+    health_server = std::move(started->server);
+    health.Add(health_server.get());
+    std::printf("baton-worker health on %s\n", started->address.c_str());
+    std::fflush(stdout);
+  }
+
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
       !listen.empty()) {
@@ -479,10 +501,10 @@ int Main() {
     WorkerService* service_ptr = service->get();
     std::shared_ptr<grpc::ChannelCredentials> credentials =
         *control_credentials;
-    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-    auto on_registered = [engine_ptr, health] {
+    HealthStatus* health_ptr = &health;
+    auto on_registered = [engine_ptr, health_ptr] {
       if (!stopping.load() && engine_ptr->health().ok()) {
-        health->SetServingStatus(true);
+        health_ptr->Set(true);
       }
     };
     membership = std::make_unique<CoordinatorMembership>(
@@ -497,15 +519,17 @@ int Main() {
         absl::Seconds(
             std::max<int64_t>(1, absl::GetFlag(FLAGS_coordinator_resolve_s))));
   }
-  auto health_watch =
-      std::make_unique<HealthWatch>(engine->get(), server.get());
+  auto health_watch = std::make_unique<HealthWatch>(engine->get(), &health);
 
   const int signal_number = WaitForTerminationSignal();
   Drain(signal_number, absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)),
-        server.get(), service->get(), membership.get());
+        &health, service->get(), membership.get());
   membership.reset();
   health_watch.reset();
   metrics_server.reset();
+  if (health_server != nullptr) {
+    health_server->Shutdown(std::chrono::system_clock::now());
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 #if BATON_WORKER_CUDA
   // No PairKv can arrive now; the NCCL receiver's last callbacks still
