@@ -32,7 +32,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/fault/fault_points.h"
 #include "common/grpc/serving.h"
@@ -47,6 +46,7 @@
 #include "worker/service/device_flag.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/registrar.h"
+#include "worker/service/worker_lifecycle.h"
 #include "worker/service/worker_service.h"
 #include "worker/transport/kv_tls.h"
 #if BATON_WORKER_CUDA
@@ -156,80 +156,9 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
   return absl::OkStatus();
 }
 
-// Turns the gRPC health service to NOT_SERVING once the engine reports a
-// device fault (polled every 250 ms).
-class HealthWatch {
- public:
-  HealthWatch(Engine* engine, HealthStatus* health)
-      : engine_(engine), health_(health), thread_([this] { Run(); }) {}
-  ~HealthWatch() {
-    stop_.Notify();
-    thread_.join();
-  }
-
- private:
-  void Run() {
-    while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
-      if (absl::Status health = engine_->health(); !health.ok()) {
-        health_->Set(false);
-        Log(absl::StrCat("health: NOT_SERVING: ", health.ToString()));
-        return;
-      }
-    }
-  }
-
-  Engine* const engine_;
-  HealthStatus* const health_;
-  absl::Notification stop_;
-  std::thread thread_;
-};
-
 // Set once a stop begins: a registration after it does not turn the
 // worker SERVING again.
 std::atomic<bool> stopping{false};
-
-// The graceful part of a stop: NOT_SERVING at once, DRAINING at the
-// coordinator (nothing new is routed here), then waits until no request
-// holds blocks here (prefills, decodes, reservations) and the coordinator
-// has seen every one of them end, `timeout` runs out, or a second signal
-// comes.
-void Drain(int signal_number, absl::Duration timeout, HealthStatus* health,
-           WorkerService* service, CoordinatorMembership* membership) {
-  stopping.store(true);
-  if (timeout <= absl::ZeroDuration()) {
-    Log(absl::StrCat("signal ", signal_number, ", stopping"));
-    return;
-  }
-  health->Set(false);
-  if (membership != nullptr) membership->StartDraining();
-  const absl::Time deadline = absl::Now() + timeout;
-  auto in_flight = [&] {
-    const size_t here = service->LeasedRequestIds().size();
-    const bool there =
-        membership != nullptr && membership->CoordinatorsHoldLeases();
-    return here > 0 ? here : (there ? size_t{1} : size_t{0});
-  };
-  size_t pending = in_flight();
-  Log(absl::StrCat("signal ", signal_number, ", draining for up to ",
-                   absl::FormatDuration(timeout)));
-  while (pending > 0) {
-    const absl::Duration time_left = deadline - absl::Now();
-    if (time_left <= absl::ZeroDuration()) {
-      Log(absl::StrCat("drain timed out with ",
-                       service->LeasedRequestIds().size(),
-                       " request(s) in flight here; stopping"));
-      return;
-    }
-    if (const int again = WaitForTerminationSignalFor(
-            std::min(time_left, absl::Milliseconds(50)));
-        again != 0) {
-      Log(absl::StrCat("signal ", again, " during the drain; stopping"));
-      return;
-    }
-    pending = in_flight();
-  }
-  Log("drained; stopping");
-}
 
 // One short request before serving: faults in the weights and starts the
 // thread pool, so the first client request does not pay for it.
@@ -522,8 +451,10 @@ int Main() {
   auto health_watch = std::make_unique<HealthWatch>(engine->get(), &health);
 
   const int signal_number = WaitForTerminationSignal();
-  Drain(signal_number, absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)),
-        &health, service->get(), membership.get());
+  stopping.store(true);
+  DrainWorker(signal_number,
+              absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)), &health,
+              service->get(), membership.get());
   membership.reset();
   health_watch.reset();
   metrics_server.reset();

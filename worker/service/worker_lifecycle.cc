@@ -1,0 +1,75 @@
+#include "worker/service/worker_lifecycle.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/serving.h"
+
+namespace baton {
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "baton-worker: %s\n", line.c_str());
+}
+
+}  // namespace
+
+HealthWatch::HealthWatch(Engine* engine, HealthStatus* health)
+    : engine_(engine), health_(health), thread_([this] { Run(); }) {}
+
+HealthWatch::~HealthWatch() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void HealthWatch::Run() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+    if (absl::Status health = engine_->health(); !health.ok()) {
+      health_->Set(false);
+      Log(absl::StrCat("health: NOT_SERVING: ", health.ToString()));
+      return;
+    }
+  }
+}
+
+void DrainWorker(int signal_number, absl::Duration timeout,
+                 HealthStatus* health, WorkerService* service,
+                 CoordinatorMembership* membership) {
+  if (timeout <= absl::ZeroDuration()) {
+    Log(absl::StrCat("signal ", signal_number, ", stopping"));
+    return;
+  }
+  health->Set(false);
+  if (membership != nullptr) membership->StartDraining();
+  const absl::Time deadline = absl::Now() + timeout;
+  auto in_flight = [&] {
+    const size_t here = service->LeasedRequestIds().size();
+    const bool there =
+        membership != nullptr && membership->CoordinatorsHoldLeases();
+    return here > 0 ? here : (there ? size_t{1} : size_t{0});
+  };
+  size_t pending = in_flight();
+  Log(absl::StrCat("signal ", signal_number, ", draining for up to ",
+                   absl::FormatDuration(timeout)));
+  while (pending > 0) {
+    const absl::Duration time_left = deadline - absl::Now();
+    if (time_left <= absl::ZeroDuration()) {
+      Log(absl::StrCat("drain timed out with ",
+                       service->LeasedRequestIds().size(),
+                       " request(s) in flight here; stopping"));
+      return;
+    }
+    if (const int again = WaitForTerminationSignalFor(
+            std::min(time_left, absl::Milliseconds(50)));
+        again != 0) {
+      Log(absl::StrCat("signal ", again, " during the drain; stopping"));
+      return;
+    }
+    pending = in_flight();
+  }
+  Log("drained; stopping");
+}
+
+}  // namespace baton
