@@ -184,11 +184,4 @@ bool CoordinatorMembership::CoordinatorsHoldLeases() {
   });
 }
 
-std::vector<std::string> CoordinatorMembership::addresses() {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const auto& [address, unused] : registrars_) out.push_back(address);
-  return out;
-}
-
 }  // namespace baton

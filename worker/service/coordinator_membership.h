@@ -65,8 +65,6 @@ class CoordinatorMembership {
   // Whether some replica still holds (or may hold: not yet answered) a
   // lease here while draining. Thread-safe.
   bool CoordinatorsHoldLeases();
-  // The replicas' addresses now. Thread-safe.
-  std::vector<std::string> addresses();
 
  private:
   // Adds Registrars for new addresses, removes those of vanished ones.

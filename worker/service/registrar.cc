@@ -116,7 +116,6 @@ void Registrar::Deregister(bool drain) {
     drain_told_ = status.ok();
   } else {
     worker_id_.clear();
-    registered_.store(false);
   }
 }
 
@@ -189,7 +188,6 @@ void Registrar::Run() {
           response.lease_ttl_ms() > 0 ? response.lease_ttl_ms() : 3000.0);
       last_heartbeat_ok_ = absl::Now();
       unreachable_.store(false);
-      registered_.store(true);
       service_->SetWorkerRef(worker_id_, request_.address());
       drain_told_ = false;
       Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
@@ -214,7 +212,6 @@ void Registrar::Run() {
                        status.error_message(), "); re-registering"));
       CancelOwnLeases("stale registration");
       worker_id_.clear();
-      registered_.store(false);
       wait = absl::ZeroDuration();
       continue;
     }
@@ -232,7 +229,6 @@ void Registrar::Run() {
         CancelOwnLeases("coordinator unreachable");
         unreachable_.store(true);
         worker_id_.clear();
-        registered_.store(false);
         coordinator_leases_.store(0);
         wait = absl::Seconds(1);
         continue;

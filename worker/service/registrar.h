@@ -61,15 +61,11 @@ class Registrar {
   // at its last answer (-1 before one; 0 once a drain call fails: an
   // unreachable coordinator holds nothing to wait for). Thread-safe.
   int coordinator_leases() const { return coordinator_leases_.load(); }
-  const std::string& coordinator() const { return coordinator_; }
   const std::string& server_name() const { return server_name_; }
   // Whether the replica is out of reach: its registration failed, or no
   // heartbeat was answered for its lease TTL (the leases it took here are
   // freed then). False again once it registers. Thread-safe.
   bool unreachable() const { return unreachable_.load(); }
-  // Whether the replica knows this worker now (registered, and not since
-  // dropped). Thread-safe.
-  bool registered() const { return registered_.load(); }
 
  private:
   // `drain`: DRAINING instead of removed.
@@ -94,7 +90,6 @@ class Registrar {
   bool drain_noticed_ ABSL_GUARDED_BY(mu_) = false;  // by Run's thread
   std::atomic<int> coordinator_leases_{-1};
   std::atomic<bool> unreachable_{false};
-  std::atomic<bool> registered_{false};
   const std::function<void()> on_registered_;
   // How long an unhealthy worker waits for the coordinator to see its
   // requests end before it deregisters anyway.
