@@ -59,6 +59,7 @@ Json ClusterStatusJson(const v1::GetClusterStatusResponse& status) {
         {"queued_prefill_tokens", load.queued_prefill_tokens()},
         {"waiting_requests", load.waiting_requests()},
         {"active_transfers", load.active_transfers()},
+        {"queued_reservations", load.queued_reservations()},
         {"active_requests", w.active_requests()},
         {"epoch", w.epoch()},
         {"last_heartbeat_age_ms", w.last_heartbeat_age_ms()},

@@ -34,7 +34,8 @@ absl::Status RunStatus(const StatusOptions& options, std::ostream& out);
 // {"workers": [{"id", "address", "role", "healthy", "health", "model_id",
 // "kv_blocks_free", "kv_blocks_total", "kv_blocks_reserved",
 // "running_sequences", "queued_prefill_tokens", "waiting_requests",
-// "active_transfers", "active_requests", "epoch", "last_heartbeat_age_ms"},
+// "active_transfers", "queued_reservations", "active_requests", "epoch",
+// "last_heartbeat_age_ms"},
 // ...], "active_requests": N}. role is "prefill", "decode", "both" or
 // "unspecified"; health is "healthy", "suspect", "down", "draining" or
 // "unspecified"; healthy is health == "healthy".

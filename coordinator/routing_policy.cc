@@ -138,6 +138,35 @@ int64_t DecodeBlocksNeeded(const RequestInfo& request, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
+                                          const RequestInfo& request) {
+  absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
+      Eligible(candidates, request, /*decode=*/true);
+  if (!eligible.ok()) return eligible.status();
+  const WorkerInfo* best = nullptr;
+  int64_t largest = 0;
+  for (const WorkerInfo* w : *eligible) {
+    largest = std::max(largest, w->registration.kv_blocks_total);
+    if (DecodeBlocksNeeded(request, w->registration.kv_layout.block_size) >
+        w->registration.kv_blocks_total) {
+      continue;
+    }
+    if (best == nullptr ||
+        w->load.queued_reservations < best->load.queued_reservations ||
+        (w->load.queued_reservations == best->load.queued_reservations &&
+         w->load.kv_blocks_free > best->load.kv_blocks_free)) {
+      best = w;
+    }
+  }
+  if (best == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "no decode worker for model '%s' is big enough for prompt %d + "
+        "max_tokens %d tokens (the largest has %d KV blocks)",
+        request.model_id, request.prompt_tokens, request.max_tokens, largest));
+  }
+  return best->ref;
+}
+
 absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(
     const Candidates& candidates, const RequestInfo& request) {
   return Eligible(candidates, request, /*decode=*/false);

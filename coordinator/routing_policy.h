@@ -60,6 +60,14 @@ std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy();
 // decode still skips workers without room. For tests and comparison.
 std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy();
 
+// Where a request waits for decode room when no decode worker has it: the
+// healthy decode worker big enough for it (kv_blocks_total) with the fewest
+// reservations waiting there, then the most free blocks, then the smallest
+// id. UNAVAILABLE when none is healthy, RESOURCE_EXHAUSTED when none is big
+// enough.
+absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
+                                          const RequestInfo& request);
+
 // The eligible workers for a phase, in id order, or the UNAVAILABLE /
 // RESOURCE_EXHAUSTED status described above. Shared by the policies.
 absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(

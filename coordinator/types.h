@@ -41,6 +41,8 @@ struct WorkerLoad {
   int64_t kv_blocks_total = 0;
   // Blocks reserved for transfers that have not landed yet.
   int64_t kv_blocks_reserved = 0;
+  // ReserveKv calls waiting at the worker for room.
+  int32_t queued_reservations = 0;
 
   bool operator==(const WorkerLoad&) const = default;
 };

@@ -151,14 +151,14 @@ absl::Status WorkerRegistry::Heartbeat(
     std::vector<std::string> leased_request_ids) {
   if (load.queued_prefill_tokens < 0 || load.running_sequences < 0 ||
       load.kv_blocks_free < 0 || load.kv_blocks_reserved < 0 ||
-      load.kv_blocks_total < 0) {
+      load.kv_blocks_total < 0 || load.queued_reservations < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Heartbeat from %s: negative load field (queued_prefill_tokens=%d "
         "running_sequences=%d kv_blocks_free=%d kv_blocks_reserved=%d "
-        "kv_blocks_total=%d)",
+        "kv_blocks_total=%d queued_reservations=%d)",
         WorkerRefString(worker), load.queued_prefill_tokens,
         load.running_sequences, load.kv_blocks_free, load.kv_blocks_reserved,
-        load.kv_blocks_total));
+        load.kv_blocks_total, load.queued_reservations));
   }
   if (load.kv_blocks_free + load.kv_blocks_reserved > load.kv_blocks_total) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test command: sets up what is missing, builds Baton and its fuzz targets,
-# and runs every test with ctest (unit, reference and bounded fuzz runs), then
-# the concurrent part (tests labelled `sanitize`: the multi-process cluster
+# and runs the tests with ctest (unit, reference and bounded fuzz runs); the
+# concurrent part (tests labelled `sanitize`: the multi-process cluster
 # suite, the worker service, KV transports, disaggregation and the
-# coordinator core) again under AddressSanitizer + UBSan and under
-# ThreadSanitizer, each in its own smaller build.
+# coordinator core) runs under AddressSanitizer + UBSan and under
+# ThreadSanitizer instead, each in its own smaller build (with
+# BATON_SANITIZERS=none, in the main build).
 #
 #   scripts/test.sh                   everything (what CI runs)
 #   BATON_JOBS=N scripts/test.sh      build parallelism (default: nproc)
@@ -50,9 +51,19 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBATON_FUZZ_BUILD_DIR="$ROOT/build-fuzz" >/dev/null
 cmake --build build -j "$JOBS"
 
-(cd build && ctest --output-on-failure -j "$JOBS")
-
-[[ "${BATON_SANITIZERS:-all}" == none ]] && exit 0
+# The stand-in device runner's single-threaded token checks run in the
+# main stage only (20-30 s each under ASan, ~90 s under TSan); its threaded
+# host-staging handoff runs under both sanitizers.
+DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
+if [[ "${BATON_SANITIZERS:-all}" == none ]]; then
+  (cd build && ctest --output-on-failure -j "$JOBS")
+  exit 0
+fi
+# The tests labelled `sanitize` (the concurrent part) run in the ASan tree
+# below, which serves as their test tree: here, only the device token checks
+# among them.
+(cd build && ctest --output-on-failure -j "$JOBS" -LE sanitize)
+(cd build && ctest --output-on-failure -j "$JOBS" -R "$DEVICE_TOKEN_CHECKS")
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
@@ -71,10 +82,6 @@ sanitized_run() {  # sanitizer, build dir, ctest arguments...
   cmake --build "$dir" -j "$JOBS" --target baton_sanitize
   (cd "$dir" && ctest --output-on-failure -j "$JOBS" -L sanitize "$@")
 }
-# The stand-in device runner's single-threaded token checks run in the
-# main stage only (20-30 s each under ASan, ~90 s under TSan); its threaded
-# host-staging handoff runs under both sanitizers.
-DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
 stage asan
 sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (its build leaves the matmul tiles uninstrumented,

@@ -204,10 +204,11 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
 }
 
 absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
-                                                int64_t* blocks) {
+                                                int64_t* blocks, bool wait) {
   absl::MutexLock claim(&claim_mu_);
   const Candidates all = RoutingCandidates();
-  absl::StatusOr<WorkerRef> picked = policy_->PickDecode(all, request);
+  absl::StatusOr<WorkerRef> picked =
+      wait ? PickDecodeQueue(all, request) : policy_->PickDecode(all, request);
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : all) {
     if (w.ref == *picked) {

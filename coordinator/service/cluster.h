@@ -129,8 +129,10 @@ class Cluster {
                                           const RequestInfo& request);
   // Picks a decode worker and adds the request's blocks (returned in
   // `blocks`) to its reservations, atomically with respect to other picks.
+  // With `wait`, the one to wait at for room (PickDecodeQueue) instead of
+  // one with room (the policy's PickDecode).
   absl::StatusOr<WorkerInfo> ClaimDecode(const RequestInfo& request,
-                                         int64_t* blocks);
+                                         int64_t* blocks, bool wait = false);
 
   // Sends Worker.Cancel for every action of `transition`, in order, without
   // waiting (a failure is logged; the worker also frees orphans it reports

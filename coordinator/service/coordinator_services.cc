@@ -79,6 +79,7 @@ WorkerLoad LoadFromProto(const v1::WorkerLoad& proto) {
   load.kv_blocks_free = proto.kv_blocks_free();
   load.kv_blocks_total = proto.kv_blocks_total();
   load.kv_blocks_reserved = proto.kv_blocks_reserved();
+  load.queued_reservations = proto.queued_reservations();
   return load;
 }
 
@@ -89,6 +90,7 @@ v1::WorkerLoad LoadToProto(const WorkerLoad& load) {
   proto.set_kv_blocks_free(load.kv_blocks_free);
   proto.set_kv_blocks_total(load.kv_blocks_total);
   proto.set_kv_blocks_reserved(load.kv_blocks_reserved);
+  proto.set_queued_reservations(load.queued_reservations);
   return proto;
 }
 

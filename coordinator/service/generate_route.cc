@@ -19,6 +19,8 @@ absl::Status GenerateCall::Route() {
       std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
+    // True when the ReserveKv below waits at the worker for room.
+    bool wait = false;
     if (absl::Status s = aborted(); !s.ok()) return s;
     const Candidates all = cluster_->RoutingCandidates();
     // Split serving when a prefill-only worker is up; otherwise colocated
@@ -63,10 +65,18 @@ absl::Status GenerateCall::Route() {
             absl::FormatDuration(cluster_->options().queue_timeout), " (",
             decode.status().message(), ")"));
       }
+      // None has room (or each refused): wait in one worker's line, where
+      // the calls of every coordinator replica are served in arrival order
+      // (ReserveKvRequest.queue_ms), rather than polling here, where this
+      // replica would learn of freed room only from heartbeats.
       info.excluded.clear();
-      if (!Backoff(backoff)) continue;
-      backoff = std::min(backoff * 2, absl::Milliseconds(100));
-      continue;
+      decode = cluster_->ClaimDecode(info, &blocks, /*wait=*/true);
+      if (!decode.ok()) {
+        if (!Backoff(backoff)) continue;
+        backoff = std::min(backoff * 2, absl::Milliseconds(100));
+        continue;
+      }
+      wait = true;
     }
     const WorkerInfo target = *decode;
     auto reserved =
@@ -82,6 +92,10 @@ absl::Status GenerateCall::Route() {
     request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
     request.set_max_tokens(job_.sampling.max_tokens());
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
+    const absl::Duration queue_wait =
+        wait ? std::max(queue_deadline - absl::Now(), absl::ZeroDuration())
+             : absl::ZeroDuration();
+    request.set_queue_ms(absl::ToDoubleMilliseconds(queue_wait));
     // The reservation outlives the request's deadline by a little at most
     // (the worker's default TTL when the request has none).
     if (job_.deadline != absl::InfiniteFuture()) {
@@ -92,7 +106,7 @@ absl::Status GenerateCall::Route() {
     grpc::ClientContext context;
     context.set_deadline(
         std::min(absl::ToChronoTime(job_.deadline),
-                 absl::ToChronoTime(absl::Now() +
+                 absl::ToChronoTime(absl::Now() + queue_wait +
                                     cluster_->options().worker_rpc_timeout)));
     grpc::Status rpc;
     {
@@ -124,7 +138,18 @@ absl::Status GenerateCall::Route() {
       cluster_->PerformCleanup(cleanup);
     }
     if (IsTerminal(refused->to)) return refused->status;
+    if (wait && code == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        absl::Now() >= queue_deadline) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no decode worker had room for the request within ",
+                       absl::FormatDuration(cluster_->options().queue_timeout),
+                       " (", why.message(), ")"));
+    }
     info.excluded.push_back(target.ref.id);
+    if (wait) {  // e.g. that worker's line is full
+      if (!Backoff(backoff)) continue;
+      backoff = std::min(backoff * 2, absl::Milliseconds(100));
+    }
   }
 }
 

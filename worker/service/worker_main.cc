@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
 ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
           "a KV reservation (ReserveKv) whose transfer has not started after "
           "this long is freed, unless the request sets its own TTL");
+ABSL_FLAG(int64_t, max_queued_reservations, 256,
+          "ReserveKv calls that may wait here for KV room at once, served in "
+          "arrival order (ReserveKvRequest.queue_ms); more are refused with "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, kv_stall_timeout_ms, 10000,
           "a TCP KV connection that makes no progress for this long fails "
           "its transfer, on the sending and on the receiving side");
@@ -316,6 +320,12 @@ int Main() {
   }
   options.reservation_ttl =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_ttl_ms));
+  if (absl::GetFlag(FLAGS_max_queued_reservations) < 0) {
+    Log("--max_queued_reservations must be >= 0");
+    return 2;
+  }
+  options.max_queued_reservations =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_reservations));
   if (absl::GetFlag(FLAGS_kv_stall_timeout_ms) < 1) {
     Log("--kv_stall_timeout_ms must be >= 1");
     return 2;

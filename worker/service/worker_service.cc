@@ -33,6 +33,8 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
                                          service->MeteredImportCallbacks());
     if (!receiver.ok()) return receiver.status();
     service->receiver_ = std::move(*receiver);
+    service->reserve_queue_ =
+        std::make_unique<ReservationQueue>(options.max_queued_reservations);
     if (options.start_device_receiver) {
       auto device_receiver = options.start_device_receiver(engine);
       if (!device_receiver.ok()) return device_receiver.status();
@@ -60,6 +62,8 @@ WorkerService::~WorkerService() {
   // No reactor's on_cancel reaches the service from here on (the gRPC
   // server's shutdown cancels the streams still open, on its own threads).
   cancel_gate_->Close();
+  // Its thread reserves through this service: it goes first.
+  reserve_queue_.reset();
   scrape_hook_.reset();
   receiver_.reset();
   device_receiver_.reset();
@@ -111,6 +115,9 @@ v1::WorkerLoad WorkerService::Load() {
   load.set_kv_blocks_total(stats.kv_blocks_total);
   load.set_active_transfers(
       static_cast<int32_t>(stats.num_handoffs + stats.num_imports));
+  load.set_queued_reservations(
+      reserve_queue_ == nullptr ? 0
+                                : static_cast<int32_t>(reserve_queue_->size()));
   return load;
 }
 

@@ -38,6 +38,7 @@
 #include "worker/engine/kv_sink.h"
 #include "worker/service/callback_gate.h"
 #include "worker/service/engine_loop.h"
+#include "worker/service/reservation_queue.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/transport/tcp_kv_transport.h"
 
@@ -57,6 +58,9 @@ struct WorkerServiceOptions {
   // reservation_ttl_ms (this default when the request gives 0) is freed by
   // ExpireReservations.
   absl::Duration reservation_ttl = absl::Minutes(10);
+  // ReserveKv calls that may wait here for room at once (queue_ms > 0);
+  // more are refused with RESOURCE_EXHAUSTED.
+  size_t max_queued_reservations = 256;
   // A TCP KV connection (sending or receiving) that makes no progress for
   // this long fails its transfer.
   absl::Duration kv_stall_timeout = absl::Seconds(10);
@@ -228,6 +232,10 @@ class WorkerService final : public v1::Worker::CallbackService {
   // through cancel_gate_ (gRPC may call it while the service is being
   // destroyed; after the destructor's first step it does nothing).
   std::function<void()> CancelOnClientGone(std::string id, const char* reason);
+  // ReserveKv once the request passed its checks: reserves KV under a
+  // fresh transfer id and fills `response` (ResourceExhausted: no room).
+  absl::Status Reserve(const v1::ReserveKvRequest& request,
+                       v1::ReserveKvResponse* response);
   // StartImportedDecode for a landed import; closes the reactor on error.
   void StartImportedDecode(const v1::DecodeRequest& request,
                            DecodeReactor* reactor,
@@ -245,6 +253,8 @@ class WorkerService final : public v1::Worker::CallbackService {
   const std::shared_ptr<TcpKvConnectionPool> kv_connections_ =
       std::make_shared<TcpKvConnectionPool>();
   std::unique_ptr<EngineLoop> loop_;
+  // ReserveKv calls waiting for room (decode and both roles).
+  std::unique_ptr<ReservationQueue> reserve_queue_;
   const std::unique_ptr<WorkerMetrics> metrics_;
   // Prompt tokens submitted whose prefill has not finished.
   std::atomic<int64_t> queued_prefill_tokens_{0};

@@ -76,6 +76,45 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
                            "num_prompt_tokens: ", request->num_prompt_tokens(),
                            " must be >= 1")));
   }
+  if (!(request->queue_ms() >= 0 && request->queue_ms() <= 3.6e6)) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "queue_ms: ", request->queue_ms(),
+                                    " must be in [0, 3600000]")));
+  }
+  // Calls that wait for room are served in arrival order: none goes ahead
+  // of them.
+  if (reserve_queue_->size() == 0) {
+    absl::Status reserved = Reserve(*request, response);
+    if (!absl::IsResourceExhausted(reserved) || request->queue_ms() <= 0) {
+      return FinishUnary(context, reserved);
+    }
+  } else if (request->queue_ms() <= 0) {
+    return FinishUnary(
+        context, absl::ResourceExhaustedError(absl::StrCat(
+                     "ReserveKv of '", id, "': ", reserve_queue_->size(),
+                     " reservations wait for KV room here first, and this "
+                     "one has no queue_ms")));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ReservationQueue::Entry entry;
+  entry.request_id = id;
+  entry.reserve = [this, request, response] {
+    return Reserve(*request, response);
+  };
+  entry.finish = [reactor](absl::Status status) {
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  entry.cancelled = [context] { return context->IsCancelled(); };
+  entry.until = absl::Now() + absl::Milliseconds(request->queue_ms());
+  if (absl::Status added = reserve_queue_->Add(std::move(entry)); !added.ok()) {
+    reactor->Finish(ToGrpcStatus(added));
+  }
+  return reactor;
+}
+
+absl::Status WorkerService::Reserve(const v1::ReserveKvRequest& request,
+                                    v1::ReserveKvResponse* response) {
+  const std::string& id = request.request_id();
   // Unguessable: a transfer id names a reservation anyone on the KV network
   // could otherwise quote, and the secret is what its sender must prove.
   const uint64_t transfer_id = NewKvTransferId();
@@ -83,16 +122,15 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   {
     absl::MutexLock lock(&mu_);
     if (imports_.contains(id) || locals_.contains(id)) {
-      return FinishUnary(context,
-                         absl::InvalidArgumentError(absl::StrCat(
-                             "request_id: '", id, "' already holds KV here")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("request_id: '", id, "' already holds KV here"));
     }
     PendingImport& pending = imports_[id];
     pending.transfer_id = transfer_id;
-    TagLeaseLocked(id, request->coordinator_id());
+    TagLeaseLocked(id, request.coordinator_id());
     const absl::Duration ttl =
-        request->reservation_ttl_ms() > 0
-            ? absl::Milliseconds(request->reservation_ttl_ms())
+        request.reservation_ttl_ms() > 0
+            ? absl::Milliseconds(request.reservation_ttl_ms())
             : options_.reservation_ttl;
     pending.expires = absl::Now() + ttl;
   }
@@ -100,8 +138,8 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   import_options.transfer_id = transfer_id;
   import_options.secret = secret;
   import_options.model_id = options_.model_id;
-  import_options.num_prompt_tokens = request->num_prompt_tokens();
-  import_options.max_tokens = request->max_tokens();
+  import_options.num_prompt_tokens = request.num_prompt_tokens();
+  import_options.max_tokens = request.max_tokens();
   import_options.on_landed = [this, id](absl::Status status) {
     OnLanded(id, std::move(status));
   };
@@ -110,7 +148,7 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   if (!reservation.ok()) {
     absl::MutexLock lock(&mu_);
     imports_.erase(id);
-    return FinishUnary(context, reservation.status());
+    return reservation.status();
   }
   response->set_transfer_id(absl::StrCat(transfer_id));
   response->set_transfer_secret(secret);
@@ -130,7 +168,7 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     nccl->set_device(options_.kv_device);
   }
   response->set_blocks_reserved(reservation->num_blocks);
-  return FinishUnary(context, absl::OkStatus());
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* WorkerService::PairKv(
