@@ -174,7 +174,7 @@ void GenerateCall::Run() {
     const bool retry = !status.ok() && !streamed_ && attempt < kMaxAttempts &&
                        aborted().ok() && prefill_.has_value() &&
                        status.code() == absl::StatusCode::kUnavailable &&
-                       absl::StartsWith(status.message(), "Prefill on worker");
+                       FromWorkerRpc(status, WorkerRpc::kPrefill);
     if (retry) {
       excluded_prefill_.push_back(prefill_->ref.id);
       AbortInStateMachine(status);
@@ -263,7 +263,7 @@ absl::Status GenerateCall::Serve() {
       return absl::InternalError(absl::StrCat(
           "Prefill on worker ", prefill_->ref.id, " sent no first token"));
     }
-    return WorkerError(*prefill_, "Prefill", rpc);
+    return WorkerError(*prefill_, WorkerRpc::kPrefill, rpc);
   }
   cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
   prefill_tokens_added_ = 0;
@@ -299,7 +299,7 @@ absl::Status GenerateCall::Serve() {
   const grpc::Status prefill_status = prefill_guard.Finish();
   if (absl::Status s = aborted(); !s.ok()) return s;
   if (!prefill_status.ok()) {
-    return WorkerError(*prefill_, "Prefill (KV handoff)", prefill_status);
+    return WorkerError(*prefill_, WorkerRpc::kPrefillHandoff, prefill_status);
   }
   if (decode_.has_value()) {
     cluster_->ClearTransferring(id);
@@ -333,7 +333,7 @@ absl::Status GenerateCall::Serve() {
   const grpc::Status decode_status = decode_guard.Finish();
   if (absl::Status s = aborted(); !s.ok()) return s;
   if (!decode_status.ok()) {
-    return WorkerError(decoder, "Decode", decode_status);
+    return WorkerError(decoder, WorkerRpc::kDecode, decode_status);
   }
   if (!have_result) {
     return absl::InternalError(absl::StrCat("Decode on worker ", decoder.ref.id,

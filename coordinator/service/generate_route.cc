@@ -122,7 +122,7 @@ absl::Status GenerateCall::Route() {
     cluster_->AddDecodeBlocks(target.ref.id, -blocks);
     // Aborted: the abort edge frees the reservation (the lease stays).
     if (absl::Status s = aborted(); !s.ok()) return s;
-    const absl::Status why = WorkerError(target, "ReserveKv", rpc);
+    const absl::Status why = WorkerError(target, WorkerRpc::kReserveKv, rpc);
     const grpc::StatusCode code = rpc.error_code();
     auto refused = cluster_->requests().OnReserveRefused(job_.internal_id,
                                                          target.ref, why);
