@@ -11,6 +11,30 @@
 #include "worker/transport/kv_wire.h"
 
 namespace baton {
+namespace {
+
+// A ReserveKv that waits in the ReservationQueue: its request is read and its
+// response written on the queue's thread, then gRPC destroys both on one of
+// its own after OnDone. gRPC is not built with TSan, so the release before
+// Finish and the acquire in OnDone make that hand-off visible to it.
+class QueuedReserveReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit QueuedReserveReactor(const v1::ReserveKvResponse* response)
+      : response_(response) {}
+  void FinishHere(const absl::Status& status) {
+    BATON_TSAN_RELEASE(response_);
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override {
+    BATON_TSAN_ACQUIRE(response_);
+    delete this;
+  }
+
+ private:
+  const v1::ReserveKvResponse* const response_;
+};
+
+}  // namespace
 
 void WorkerService::OnLanded(const std::string& request_id,
                              absl::Status status) {
@@ -95,19 +119,19 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
                      " reservations wait for KV room here first, and this "
                      "one has no queue_ms")));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new QueuedReserveReactor(response);
   ReservationQueue::Entry entry;
   entry.request_id = id;
   entry.reserve = [this, request, response] {
     return Reserve(*request, response);
   };
   entry.finish = [reactor](absl::Status status) {
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->FinishHere(status);
   };
   entry.cancelled = [context] { return context->IsCancelled(); };
   entry.until = absl::Now() + absl::Milliseconds(request->queue_ms());
   if (absl::Status added = reserve_queue_->Add(std::move(entry)); !added.ok()) {
-    reactor->Finish(ToGrpcStatus(added));
+    reactor->FinishHere(added);
   }
   return reactor;
 }
