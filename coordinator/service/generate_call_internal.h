@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
@@ -57,8 +56,7 @@ inline absl::Status WorkerError(const WorkerInfo& worker, WorkerRpc rpc,
 
 // True when `status` came from worker RPC `rpc` (WorkerError).
 inline bool FromWorkerRpc(const absl::Status& status, WorkerRpc rpc) {
-  const std::optional<absl::Cord> payload =
-      status.GetPayload(kWorkerRpcPayload);
+  const auto payload = status.GetPayload(kWorkerRpcPayload);
   return payload.has_value() &&
          *payload == absl::string_view(reinterpret_cast<const char*>(&rpc), 1);
 }
