@@ -49,6 +49,9 @@ void WorkerService::OnLanded(const std::string& request_id,
     request = std::move(pending.waiting_request);
     since = pending.waiting_since;
     imports_.erase(it);
+    // Still leased, in the same critical section: LeasedRequestIds would
+    // otherwise drop its owner tag in between.
+    if (status.ok()) running_.insert(request_id);
   }
   if (!status.ok()) {
     const absl::Status failed = absl::AbortedError(
@@ -271,6 +274,8 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     auto it = imports_.find(id);
     landed = it->second.landed_status;
     imports_.erase(it);
+    // Still leased (see OnLanded).
+    if (landed.ok()) running_.insert(id);
   }
   if (!landed.ok()) {
     const absl::Status failed = absl::AbortedError(
@@ -344,6 +349,10 @@ void WorkerService::StartImportedDecode(const v1::DecodeRequest& request,
         "generated_token_ids: at least the prefill's first token is required");
   }
   if (!status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      running_.erase(generation.id);
+    }
     // The reservation must not outlive a Decode that cannot start.
     engine_->Cancel(generation.id);
     RecordEnd("decode", status);
