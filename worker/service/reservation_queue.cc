@@ -1,5 +1,6 @@
 #include "worker/service/reservation_queue.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -7,6 +8,14 @@
 #include "absl/time/clock.h"
 
 namespace baton {
+namespace {
+
+absl::Status CallerGone(const std::string& request_id) {
+  return absl::CancelledError(
+      absl::StrCat("ReserveKv of '", request_id, "': the caller went away"));
+}
+
+}  // namespace
 
 ReservationQueue::ReservationQueue(size_t capacity, absl::Duration poll)
     : capacity_(capacity), poll_(poll), thread_([this] { Run(); }) {}
@@ -55,8 +64,7 @@ bool ReservationQueue::ServeHead() {
   }
   absl::Status status;
   if (head->cancelled()) {
-    status = absl::CancelledError(absl::StrCat(
-        "ReserveKv of '", head->request_id, "': the caller went away"));
+    status = CallerGone(head->request_id);
   } else {
     status = head->reserve();
     if (absl::IsResourceExhausted(status)) {
@@ -84,9 +92,7 @@ void ReservationQueue::Sweep() {
          it != line_.end();) {
       const Entry& e = **it;
       if (e.cancelled()) {
-        done.emplace_back(*it, absl::CancelledError(
-                                   absl::StrCat("ReserveKv of '", e.request_id,
-                                                "': the caller went away")));
+        done.emplace_back(*it, CallerGone(e.request_id));
       } else if (now >= e.until) {
         done.emplace_back(*it, absl::ResourceExhaustedError(absl::StrCat(
                                    "ReserveKv of '", e.request_id,
