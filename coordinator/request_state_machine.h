@@ -40,6 +40,13 @@
 
 namespace baton::coordinator {
 
+// Payload type URL on the UNAVAILABLE status of a request that failed
+// because a worker holding one of its leases went DOWN (OnWorkerDown): the
+// attempt is lost, not the request, which may resume elsewhere. Its value
+// is the id of the worker that went DOWN.
+inline constexpr absl::string_view kWorkerDownPayload =
+    "type.baton.dev/baton.WorkerDown";
+
 enum class RequestState {
   kQueued,
   kPrefilling,
@@ -174,8 +181,8 @@ class RequestStateMachine {
   // Every live request holding a lease on `worker` or an older incarnation
   // of it, by request id: a QUEUED reservation is dropped (the request stays
   // QUEUED for another decode worker, as OnReserveRefused); any other state
-  // FAILS with UNAVAILABLE (retriable). Leases on the dead worker end as
-  // kWorkerDown without actions; the others get actions.
+  // FAILS with UNAVAILABLE (retriable, with kWorkerDownPayload). Leases on the
+  // dead worker end as kWorkerDown without actions; the others get actions.
   std::vector<Transition> OnWorkerDown(const WorkerRef& worker);
   // Of the request ids a worker reports holding, those it should not hold:
   // the coordinator has no live lease for them on this incarnation

@@ -1,4 +1,5 @@
 // The state machine's sweeps: deadlines, dead workers and orphaned leases.
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_leases.h"
 #include "coordinator/request_state_machine.h"
@@ -34,9 +35,10 @@ std::vector<Transition> RequestStateMachine::OnWorkerDown(
       involved = involved || Matches(h.worker, worker);
     }
     if (!involved) continue;
-    const absl::Status down = absl::UnavailableError(absl::StrCat(
+    absl::Status down = absl::UnavailableError(absl::StrCat(
         "request '", id, "': worker ", WorkerRefString(worker),
         " went down in ", RequestStateName(rec.state), "; retry the request"));
+    down.SetPayload(kWorkerDownPayload, absl::Cord(worker.id));
     if (rec.state == RequestState::kQueued) {
       out.push_back(
           DropReservationLocked(id, rec, LeaseRelease::kWorkerDown, down));

@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
         "Cluster: sweep_interval, transfer_timeout and worker_rpc_timeout "
         "must be > 0 and queue_timeout >= 0");
   }
+  if (options.max_migrations < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_migrations: ", options.max_migrations, " must be >= 0"));
+  }
   std::unique_ptr<RoutingPolicy> policy;
   if (options.policy == "least_loaded") {
     policy = NewLeastLoadedPolicy();
@@ -120,7 +124,7 @@ void Cluster::Shutdown() {
   }
   absl::Status shutdown = absl::UnavailableError("coordinator shutting down");
   shutdown.SetPayload(kShutdownPayload, absl::Cord());
-  for (auto& call : calls) call->Abort(shutdown);
+  for (auto& call : calls) call->Abort("", shutdown);
   calls.clear();
   {
     absl::MutexLock lock(&mu_);
@@ -291,7 +295,7 @@ void Cluster::Apply(const std::vector<Transition>& transitions) {
       auto it = calls_.find(t.request_id);
       if (it != calls_.end()) call = it->second;
     }
-    if (call != nullptr) call->Abort(t.status);
+    if (call != nullptr) call->Abort(t.request_id, t.status);
   }
 }
 

@@ -68,17 +68,26 @@ struct ClusterOptions {
   // the leases this replica takes on workers and prefixes its request ids.
   // Empty: "c-" and 8 random hex digits.
   std::string coordinator_id;
+  // Times one request may move to another decode worker after tokens were
+  // streamed (its decode worker, or the prefill worker still handing off
+  // its KV, failed): the new worker continues from the tokens the client
+  // has, so the output is the one a fault-free run gives. 0: never.
+  int max_migrations = 2;
 };
 
 // A running request as the sweeper sees it.
 class CallHandle {
  public:
   virtual ~CallHandle() = default;
-  // The request ended on the coordinator's side (its state machine record is
-  // terminal with `status`, and the cleanup is done or under way): stop
-  // every worker RPC and report `status` to the client. Thread-safe,
-  // idempotent, never blocks.
-  virtual void Abort(const absl::Status& status) = 0;
+  // The state machine record `request_id` ended on the coordinator's side
+  // (terminal with `status`, its cleanup done or under way), or, with an
+  // empty id, the whole request did (shutdown): stop every worker RPC of
+  // that attempt. A status with kWorkerDownPayload ends that attempt only
+  // (the call may resume the request elsewhere, and ignores an id that is
+  // no longer its attempt's); any other ends the request, reporting
+  // `status` to the client. Thread-safe, idempotent, never blocks.
+  virtual void Abort(absl::string_view request_id,
+                     const absl::Status& status) = 0;
 };
 
 class Cluster {

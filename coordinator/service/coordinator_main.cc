@@ -4,6 +4,7 @@
 //                     [--policy=least_loaded|round_robin]
 //                     [--heartbeat_ms=N] [--lease_ttl_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
+//                     [--max_migrations=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
 //                     [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]
@@ -62,6 +63,9 @@ ABSL_FLAG(int64_t, queue_timeout_ms, 30000,
           "how long a request waits for a decode worker with free KV blocks");
 ABSL_FLAG(int64_t, transfer_timeout_ms, 30000,
           "a KV transfer that takes longer fails the request");
+ABSL_FLAG(int32_t, max_migrations, 2,
+          "times a request whose decode worker fails after tokens were "
+          "streamed continues on another decode worker (0: never)");
 ABSL_FLAG(std::string, http_listen, "",
           "host:port of the OpenAI-compatible HTTP API (port 0: any free "
           "port); empty: no HTTP API");
@@ -185,6 +189,7 @@ int Main() {
       absl::Milliseconds(absl::GetFlag(FLAGS_queue_timeout_ms));
   options.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
+  options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   RequestLimits& limits = options.limits;
   limits.max_request_id_bytes = absl::GetFlag(FLAGS_max_request_id_bytes);
   limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
@@ -389,6 +394,7 @@ int main(int argc, char** argv) {
       "--model=PATH "
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--queue_timeout_ms=N] [--transfer_timeout_ms=N] "
+      "[--max_migrations=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "

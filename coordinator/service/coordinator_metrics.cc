@@ -94,6 +94,13 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                         "Time from a request's arrival to its end (result "
                         "or error), whatever the outcome",
                         metrics::RequestLatencyBuckets())),
+      migrations_(BuildCounter()
+                      .Name("baton_migrations_total")
+                      .Help("Times a streaming request moved to another "
+                            "decode worker after a fault, continuing from "
+                            "the tokens already streamed")
+                      .Register(registry)
+                      .Add(RoleLabel())),
       healthy_(BuildGauge()
                    .Name("baton_workers_healthy")
                    .Help("Registered workers in the HEALTHY state, by role")

@@ -16,6 +16,8 @@
 //   baton_inter_token_latency_seconds       histogram, per token
 //   baton_e2e_request_latency_seconds       histogram, arrival to the end
 //   baton_workers_healthy{worker_role}      gauge, per worker role
+//   baton_migrations_total                  counter, requests moved to
+//                                           another decode worker mid-stream
 #ifndef BATON_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
 #define BATON_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
 
@@ -74,6 +76,8 @@ class CoordinatorMetrics {
   void OnTokens(int64_t tokens) {
     generation_tokens_.Increment(static_cast<double>(tokens));
   }
+  // A streaming request moves to another decode worker after a fault.
+  void OnMigration() { migrations_.Increment(); }
   // Gaps between the tokens of one request, kept by its call and handed
   // over in OnRequestFinished.
   metrics::HistogramAccumulator NewInterTokenAccumulator() const;
@@ -99,6 +103,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& tpot_;
   prometheus::Histogram& inter_token_;
   prometheus::Histogram& e2e_;
+  prometheus::Counter& migrations_;
   prometheus::Family<prometheus::Gauge>& healthy_;
   prometheus::Gauge& healthy_prefill_;
   prometheus::Gauge& healthy_decode_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <random>
 #include <thread>
 #include <utility>
@@ -115,7 +116,8 @@ void GenerateCall::Start(Cluster* cluster, GenerateJob job,
   std::weak_ptr<GenerateCall> weak = call;
   reactor->SetOnCancel([weak] {
     if (auto call = weak.lock()) {
-      call->Abort(absl::Now() >= call->job_.deadline
+      call->Abort("",
+                  absl::Now() >= call->job_.deadline
                       ? absl::DeadlineExceededError("request deadline expired")
                       : absl::CancelledError("cancelled by the client"));
     }
@@ -129,18 +131,32 @@ GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
       job_(std::move(job)),
       reactor_(reactor),
       arrival_(SteadyClock::now()),
-      inter_token_(cluster->metrics().NewInterTokenAccumulator()) {}
+      inter_token_(cluster->metrics().NewInterTokenAccumulator()),
+      attempt_id_(job_.internal_id) {}
 
 GenerateCall::~GenerateCall() = default;
 
-void GenerateCall::Abort(const absl::Status& status) {
+void GenerateCall::Abort(absl::string_view request_id,
+                         const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (!abort_.ok()) return;
-  abort_ = status.ok() ? absl::CancelledError("aborted") : status;
+  if (!request_id.empty() && status.GetPayload(kWorkerDownPayload)) {
+    // One attempt's worker went down: that attempt ends, the request may
+    // go on (Run decides). A past attempt's record is not this call's.
+    if (request_id != attempt_id_ || !attempt_abort_.ok()) return;
+    attempt_abort_ = status;
+  } else {
+    abort_ = status.ok() ? absl::CancelledError("aborted") : status;
+  }
   for (grpc::ClientContext* context : contexts_) context->TryCancel();
 }
 
 absl::Status GenerateCall::aborted() const {
+  absl::MutexLock lock(&mu_);
+  return !abort_.ok() ? abort_ : attempt_abort_;
+}
+
+absl::Status GenerateCall::request_aborted() const {
   absl::MutexLock lock(&mu_);
   return abort_;
 }
@@ -148,9 +164,14 @@ absl::Status GenerateCall::aborted() const {
 bool GenerateCall::Backoff(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(
-                           +[](absl::Status* s) { return !s->ok(); }, &abort_),
+                           +[](GenerateCall* call) {
+                             call->mu_.AssertHeld();
+                             return !call->abort_.ok() ||
+                                    !call->attempt_abort_.ok();
+                           },
+                           this),
                        d);
-  return abort_.ok();
+  return abort_.ok() && attempt_abort_.ok();
 }
 
 void GenerateCall::SetDeadline(grpc::ClientContext* context) const {
@@ -168,21 +189,34 @@ void GenerateCall::Run() {
     absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
     if (status.ok()) status = Route();
     if (status.ok()) status = Serve();
-    // A prefill worker that is gone before the first token (it died, and
-    // its lease has not expired yet): nothing reached the client, so the
-    // request starts over on another prefill worker.
-    const bool retry = !status.ok() && !streamed_ && attempt < kMaxAttempts &&
-                       aborted().ok() && prefill_.has_value() &&
-                       status.code() == absl::StatusCode::kUnavailable &&
-                       FromWorkerRpc(status, WorkerRpc::kPrefill);
-    if (retry) {
-      excluded_prefill_.push_back(prefill_->ref.id);
+    // A worker that failed before the first token (the prefill worker
+    // died or was gone, or either worker went DOWN): nothing reached the
+    // client, so the request starts over without it. After the first
+    // token, a failed worker of a split request: the request migrates.
+    const bool alive =
+        !status.ok() && request_aborted().ok() && prefill_.has_value();
+    const bool retry = alive && !streamed_ && attempt < kMaxAttempts &&
+                       ExcludeFailedWorker(status);
+    const bool migrate = alive && streamed_ && decode_.has_value() &&
+                         migrations_ < cluster_->options().max_migrations &&
+                         ExcludeFailedWorker(status);
+    if (migrate) {
+      ++migrations_;
+      cluster_->metrics().OnMigration();
+      std::fprintf(stderr,
+                   "baton-coordinator: request %s moves to another decode "
+                   "worker after %zu tokens (%d of %d): %s\n",
+                   job_.internal_id.c_str(), generated_.size(), migrations_,
+                   cluster_->options().max_migrations,
+                   std::string(status.message()).c_str());
+    }
+    if (retry || migrate) {
       AbortInStateMachine(status);
     } else if (!status.ok()) {
       Fail(std::move(status));
     }
     EndAttempt();
-    if (!retry) {
+    if (!retry && !migrate) {
       if (!end_recorded_) {
         // Every path ends in SendResult or Fail; this keeps
         // baton_requests_active exact if one ever does not.
@@ -192,12 +226,45 @@ void GenerateCall::Run() {
       }
       break;
     }
-    const std::string previous = job_.internal_id;
-    job_.internal_id = absl::StrCat(previous, "/retry", attempt);
-    cluster_->AddCall(job_.internal_id, shared_from_this());
-    cluster_->RemoveCall(previous);
+    NewAttempt(migrate ? absl::StrCat("/migrate", migrations_)
+                       : absl::StrCat("/retry", attempt));
   }
   cluster_->RemoveCall(job_.internal_id);
+}
+
+bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return false;
+  if (const auto down = status.GetPayload(kWorkerDownPayload)) {
+    const std::string worker(*down);
+    if (decode_.has_value() && worker == decode_->ref.id) {
+      excluded_decode_.push_back(worker);
+    }
+    if (worker == prefill_->ref.id) excluded_prefill_.push_back(worker);
+    return true;
+  }
+  if (FromWorkerRpc(status, WorkerRpc::kPrefill)) {
+    excluded_prefill_.push_back(prefill_->ref.id);
+    return true;
+  }
+  if (decode_.has_value() && FromWorkerRpc(status, WorkerRpc::kDecode)) {
+    excluded_decode_.push_back(decode_->ref.id);
+    return true;
+  }
+  // Either side of the handoff may have failed: exclude neither (a dead
+  // one fails its next RPC at once, or is DOWN by then).
+  return FromWorkerRpc(status, WorkerRpc::kPrefillHandoff);
+}
+
+void GenerateCall::NewAttempt(absl::string_view suffix) {
+  const std::string previous = job_.internal_id;
+  job_.internal_id = absl::StrCat(previous, suffix);
+  {
+    absl::MutexLock lock(&mu_);
+    attempt_id_ = job_.internal_id;
+    attempt_abort_ = absl::OkStatus();
+  }
+  cluster_->AddCall(job_.internal_id, shared_from_this());
+  cluster_->RemoveCall(previous);
 }
 
 void GenerateCall::EndAttempt() {
@@ -249,7 +316,7 @@ absl::Status GenerateCall::Serve() {
   grpc::ClientContext prefill_context;
   SetDeadline(&prefill_context);
   ScopedContext prefill_scope(this, &prefill_context);
-  queue_ms_ = MsBetween(arrival_, SteadyClock::now());
+  if (!streamed_) queue_ms_ = MsBetween(arrival_, SteadyClock::now());
   prefill_started_ = true;
   auto prefill_reader = cluster_->WorkerStub(prefill_->registration.address)
                             ->Prefill(&prefill_context, prefill_request);
@@ -270,8 +337,18 @@ absl::Status GenerateCall::Serve() {
   auto first = requests.OnFirstToken(id);
   if (!first.ok()) return first.status();
   if (decode_.has_value()) cluster_->MarkTransferring(id);
-  prefill_ms_ = message.first_token().prefill_ms();
-  SendFirstToken(message.first_token());
+  const bool resuming = !generated_.empty();
+  if (!resuming) {
+    prefill_ms_ = message.first_token().prefill_ms();
+    SendFirstToken(message.first_token());
+  } else if (message.first_token().token_id() != generated_.front()) {
+    // A migration continues the stream only where the new workers compute
+    // what the old ones did.
+    return absl::InternalError(absl::StrCat(
+        "migration: prefill worker ", prefill_->ref.id, " sampled token ",
+        message.first_token().token_id(), " where the client got ",
+        generated_.front(), " (workers on different kernel paths?)"));
+  }
 
   // Decode starts now; the decode worker waits for the KV to land.
   const WorkerInfo& decoder = decode_.has_value() ? *decode_ : *prefill_;
@@ -283,7 +360,8 @@ absl::Status GenerateCall::Serve() {
   decode_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
                                                  job_.prompt.end());
   *decode_request.mutable_sampling() = job_.sampling;
-  decode_request.add_generated_token_ids(message.first_token().token_id());
+  decode_request.mutable_generated_token_ids()->Add(generated_.begin(),
+                                                    generated_.end());
   decode_request.set_emitted_text_bytes(emitted_text_bytes_);
   grpc::ClientContext decode_context;
   SetDeadline(&decode_context);
@@ -322,6 +400,9 @@ absl::Status GenerateCall::Serve() {
         cluster_->metrics().OnTokens(k);
       }
       completion_tokens_ += response.token_ids_size();
+      generated_.insert(generated_.end(), response.token_ids().begin(),
+                        response.token_ids().end());
+      emitted_text_bytes_ += static_cast<int64_t>(response.text().size());
       last_token_time_ = now;
       reactor_->Push(std::move(out));
     }
@@ -340,9 +421,17 @@ absl::Status GenerateCall::Serve() {
                                             " ended without a result"));
   }
   if (result.finish_reason() == v1::FINISH_REASON_ERROR) {
-    return absl::Status(static_cast<absl::StatusCode>(result.error_code()),
-                        absl::StrCat("Decode on worker ", decoder.ref.id, ": ",
-                                     result.error_message()));
+    return WorkerError(
+        decoder, WorkerRpc::kDecode,
+        grpc::Status(static_cast<grpc::StatusCode>(result.error_code()),
+                     result.error_message()));
+  }
+  if (result.finish_reason() == v1::FINISH_REASON_CANCELLED) {
+    // Not asked for (an abort returned above): the worker dropped the
+    // request on its own (e.g. it took this coordinator for gone).
+    return WorkerError(decoder, WorkerRpc::kDecode,
+                       grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "the worker cancelled the request"));
   }
   auto finished = requests.OnFinished(id);
   if (!finished.ok()) return finished.status();

@@ -11,10 +11,18 @@
 // status; after it, an in-band FINISH_REASON_ERROR result.
 //
 // A worker that dies: before the first token reached the client (the
-// prefill worker was gone or died mid-prompt), the request starts over on
-// another prefill worker, up to kMaxAttempts in all; after it, the request
-// fails with UNAVAILABLE (retriable), because streamed tokens cannot be
-// taken back, so the client decides whether to retry.
+// prefill worker was gone or died mid-prompt, or either worker went DOWN),
+// the request starts over without it, up to kMaxAttempts in all. After it, a
+// split request migrates, up to ClusterOptions::max_migrations times: when its
+// decode worker fails (the Decode stream breaks, the worker goes DOWN or
+// ends the request on its own) or its prefill worker fails mid-handoff, a
+// new attempt prefills the prompt again (its first token must equal the
+// one streamed) and hands the KV to another decode worker, whose Decode
+// continues from every token the client already has: the random stream is
+// counter-based and the kernels batch-invariant, so the rest of the output
+// is the one a fault-free run gives, with no gap and no duplicate. Past the
+// budget, or for a colocated request, the request fails with UNAVAILABLE
+// (retriable).
 #ifndef BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 #define BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 
@@ -72,7 +80,7 @@ class GenerateCall final : public CallHandle,
   static void Start(Cluster* cluster, GenerateJob job,
                     GenerateReactor* reactor);
 
-  void Abort(const absl::Status& status) override;
+  void Abort(absl::string_view request_id, const absl::Status& status) override;
 
   GenerateCall(Cluster* cluster, GenerateJob job, GenerateReactor* reactor);
   ~GenerateCall() override;
@@ -112,15 +120,29 @@ class GenerateCall final : public CallHandle,
   // counted).
   void RecordEnd(const absl::Status& status, v1::FinishReason reason);
   v1::GenerateResult BaseResult() const;
-  // Sleeps up to `d`; false if the call was aborted meanwhile.
+  // Sleeps up to `d`; false if the call (or its attempt) was aborted
+  // meanwhile.
   bool Backoff(absl::Duration d);
+  // Why the request or its current attempt was aborted (OK: it was not).
   absl::Status aborted() const;
+  // Why the request as a whole was aborted (client, deadline, shutdown).
+  absl::Status request_aborted() const;
+  // Whether `status`, which ended an attempt, says that one of its workers
+  // failed (UNAVAILABLE from a Prefill or Decode stream, or a worker DOWN),
+  // so the request may go on without it; adds that worker to the excluded
+  // lists. REQUIRES: prefill_ is set.
+  bool ExcludeFailedWorker(const absl::Status& status);
+  // Starts a new attempt under a new internal id (the old one's record is
+  // terminal and forgotten).
+  void NewAttempt(absl::string_view suffix);
   void SetDeadline(grpc::ClientContext* context) const;
 
   Cluster* const cluster_;
   GenerateJob job_;  // internal_id changes when a request starts over
   std::vector<WorkerId> excluded_prefill_;  // workers that failed it
-  GenerateReactor* reactor_;                // null once closed
+  std::vector<WorkerId> excluded_decode_;   // idem, for migrations
+  int migrations_ = 0;
+  GenerateReactor* reactor_;  // null once closed
   const SteadyClock::time_point arrival_;
 
   // Routing outcome.
@@ -133,7 +155,10 @@ class GenerateCall final : public CallHandle,
   // Progress, for the result.
   bool streamed_ = false;  // at least one message sent to the client
   int32_t completion_tokens_ = 0;
-  int64_t emitted_text_bytes_ = 0;  // first token's text already sent
+  // Tokens and bytes of text the client has: where a migrated attempt's
+  // decode worker continues from.
+  std::vector<int32_t> generated_;
+  int64_t emitted_text_bytes_ = 0;
   double queue_ms_ = 0;
   double prefill_ms_ = 0;
   double ttft_ms_ = 0;
@@ -146,6 +171,10 @@ class GenerateCall final : public CallHandle,
 
   mutable absl::Mutex mu_;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  // The current attempt's internal id, and why it was aborted (a worker it
+  // used went DOWN) when the request itself was not.
+  std::string attempt_id_ ABSL_GUARDED_BY(mu_);
+  absl::Status attempt_abort_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -33,6 +33,7 @@ void GenerateCall::SendFirstToken(const v1::PrefillFirstToken& first) {
   out.set_text(std::move(text));
   if (first.has_logprobs()) *out.add_logprobs() = first.logprobs();
   completion_tokens_ = 1;
+  generated_.assign(1, first.token_id());
   first_token_time_ = last_token_time_ = SteadyClock::now();
   ttft_ms_ = MsBetween(arrival_, first_token_time_);
   streamed_ = true;
@@ -72,6 +73,7 @@ v1::GenerateResult GenerateCall::BaseResult() const {
                                 : v1::KV_TRANSPORT_HOST_TCP);
   }
   result.set_seed(job_.sampling.seed());
+  result.set_migrations(migrations_);
   return result;
 }
 

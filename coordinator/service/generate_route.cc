@@ -15,6 +15,8 @@ absl::Status GenerateCall::Route() {
   info.model_id = model_id;
   info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   info.max_tokens = job_.sampling.max_tokens();
+  // A migrating request avoids the decode workers that failed it.
+  info.excluded = excluded_decode_;
   const absl::Time queue_deadline =
       std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
   absl::Duration backoff = absl::Milliseconds(5);
@@ -36,8 +38,9 @@ absl::Status GenerateCall::Route() {
     int64_t blocks = 0;
     absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, &blocks);
     if (!decode.ok()) {
+      // No decode worker up at all (other than those that failed it).
       if (decode.status().code() == absl::StatusCode::kUnavailable &&
-          info.excluded.empty()) {
+          info.excluded.size() == excluded_decode_.size()) {
         return decode.status();
       }
       int64_t largest = 0;
@@ -69,7 +72,7 @@ absl::Status GenerateCall::Route() {
       // the calls of every coordinator replica are served in arrival order
       // (ReserveKvRequest.queue_ms), rather than polling here, where this
       // replica would learn of freed room only from heartbeats.
-      info.excluded.clear();
+      info.excluded = excluded_decode_;
       decode = cluster_->ClaimDecode(info, &blocks, /*wait=*/true);
       if (!decode.ok()) {
         if (!Backoff(backoff)) continue;

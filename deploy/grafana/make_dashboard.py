@@ -40,6 +40,8 @@ ROWS = [
         ("Requests ended, by outcome", "reqps",
          [("sum by (status) (rate(baton_requests_total[$__rate_interval]))", "{{status}}")]),
         ("Requests running", "short", [("sum(baton_requests_active)", "running")]),
+        ("Requests migrated to another decode worker", "reqps",
+         [("sum(rate(baton_migrations_total[$__rate_interval]))", "migrated")]),
         ("Tokens", "short",
          [("sum(rate(baton_prompt_tokens_total[$__rate_interval]))", "prompt tokens/s"),
           ("sum(rate(baton_generation_tokens_total[$__rate_interval]))", "generated tokens/s")]),

@@ -33,6 +33,7 @@ StreamResult RunGenerate(v1::Baton::Stub& stub,
       out.has_result = true;
       out.result = response.result();
     }
+    if (options.on_message) options.on_message(out);
     if (!cancelled && options.cancel_after_tokens >= 0 &&
         static_cast<int>(out.tokens.size()) >= options.cancel_after_tokens) {
       context.TryCancel();

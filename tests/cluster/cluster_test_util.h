@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct StreamOptions {
   absl::Duration deadline = DefaultTestDeadline();
   // Cancel the RPC (TryCancel) once this many tokens arrived; -1: never.
   int cancel_after_tokens = -1;
+  // Called with the stream so far after each message (on the caller's
+  // thread); null: not called.
+  std::function<void(const StreamResult&)> on_message;
 };
 
 StreamResult RunGenerate(v1::Baton::Stub& stub,
