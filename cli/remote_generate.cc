@@ -216,6 +216,7 @@ Json RemoteJson(const GenerateCall& call, bool logprobs, bool show_probs) {
   j["prefill_worker"] = r.prefill_worker().worker_id();
   j["decode_worker"] = r.decode_worker().worker_id();
   j["kv_transport"] = TransportName(r.kv_transport());
+  j["migrations"] = r.migrations();
   if (r.has_stop_string()) j["stop_string"] = r.stop_string();
   if (r.has_stop_token_id()) j["stop_token_id"] = r.stop_token_id();
   return j;
@@ -236,6 +237,12 @@ std::string RemoteSummary(const GenerateCall& call) {
       TransportName(r.kv_transport()), t.total_ms(),
       r.prefill_worker().worker_id(), r.prefill_worker().address(),
       r.decode_worker().worker_id(), r.decode_worker().address());
+  if (r.migrations() > 0) {
+    absl::StrAppendFormat(&s,
+                          "[moved to another decode worker %d time(s) after "
+                          "a fault; the output is unchanged]\n",
+                          r.migrations());
+  }
   return s;
 }
 

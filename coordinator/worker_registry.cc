@@ -199,12 +199,26 @@ absl::Status WorkerRegistry::Remove(const WorkerRef& worker,
   return absl::OkStatus();
 }
 
+void WorkerRegistry::RecordActivity(const WorkerRef& worker) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<WorkerInfo*> info = FindLiveLocked(worker);
+  if (info.ok()) (*info)->last_activity = clock_->Now();
+}
+
 void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
   if (info.health == WorkerHealth::kDown) return;
   const absl::Duration silent = now - info.last_heartbeat;
-  if (silent > options_.lease_ttl) {
-    MarkDownLocked(info, absl::StrCat("lease expired (no heartbeat for ",
-                                      absl::FormatDuration(silent), ")"));
+  const absl::Duration quiet =
+      now - std::max(info.last_heartbeat, info.last_activity);
+  if (quiet > options_.lease_ttl) {
+    MarkDownLocked(info,
+                   absl::StrCat("lease expired (no heartbeat for ",
+                                absl::FormatDuration(silent),
+                                info.last_activity == absl::InfinitePast()
+                                    ? std::string()
+                                    : absl::StrCat(", no stream data for ",
+                                                   absl::FormatDuration(quiet)),
+                                ")"));
   } else if (silent > options_.suspect_after &&
              info.health == WorkerHealth::kHealthy) {
     info.health = WorkerHealth::kSuspect;

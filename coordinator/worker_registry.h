@@ -2,9 +2,11 @@
 // liveness by lease. A worker is HEALTHY while heartbeats arrive, SUSPECT once
 // `suspect_after` passes without one (no new requests are routed to it), and
 // DOWN once `lease_ttl` passes (every request it took part in must fail and
-// every lease it held is released). A worker that registers again from the
-// same address keeps its id and gets a new epoch; its previous incarnation is
-// reported DOWN.
+// every lease it held is released) with no sign of life at all: a worker
+// whose streams still deliver data (RecordActivity) stays SUSPECT through a
+// missed heartbeat window rather than failing those streams. A worker that
+// registers again from the same address keeps its id and gets a new epoch; its
+// previous incarnation is reported DOWN.
 //
 // DOWN transitions are queued and handed out by Tick(), so the caller feeds
 // each exactly once to RequestStateMachine::OnWorkerDown.
@@ -67,6 +69,9 @@ struct WorkerInfo {
   // Registration fills kv_blocks_free = kv_blocks_total; heartbeats replace.
   WorkerLoad load;
   absl::Time last_heartbeat;
+  // The last data this coordinator's streams received from it
+  // (RecordActivity); InfinitePast if none.
+  absl::Time last_activity = absl::InfinitePast();
   // As last reported by the worker.
   std::vector<std::string> leased_request_ids;
 };
@@ -113,6 +118,11 @@ class WorkerRegistry {
   // registration).
   absl::Status Heartbeat(const WorkerRef& worker, const WorkerLoad& load,
                          std::vector<std::string> leased_request_ids);
+
+  // A stream of this coordinator received data from the worker now: a sign
+  // of life that keeps it from going DOWN (not from SUSPECT) while its
+  // heartbeats are late. Ignored for an unknown, stale or DOWN worker.
+  void RecordActivity(const WorkerRef& worker);
 
   // The worker stops taking new requests (DRAINING); it still heartbeats and
   // still goes DOWN if its lease expires. NotFound / FailedPrecondition as

@@ -169,6 +169,37 @@ TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeSuspectThenDown) {
   EXPECT_THAT(late.message(), HasSubstr("register again"));
 }
 
+// Hysteresis: a worker whose heartbeats are late but whose streams still
+// deliver data stays SUSPECT (nothing new is routed to it) instead of going
+// DOWN and failing those streams; with neither for a lease TTL it is DOWN.
+TEST_F(WorkerRegistryTest, StreamActivityKeepsALateWorkerSuspectNotDown) {
+  WorkerRef w = *registry_->Register(Reg(WorkerRole::kDecode, "h:1", 100));
+  WorkerLoad load{.kv_blocks_free = 90, .kv_blocks_total = 100};
+  ASSERT_TRUE(registry_->Heartbeat(w, load, {"r1"}).ok());
+  // 12 s without a heartbeat (more than two lease TTLs), data every second.
+  for (int s = 0; s < 12; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    registry_->RecordActivity(w);
+    EXPECT_THAT(registry_->Tick(), IsEmpty()) << "after " << s + 1 << " s";
+  }
+  EXPECT_EQ(Health(w), WorkerHealth::kSuspect);
+  // A heartbeat makes it HEALTHY again.
+  ASSERT_TRUE(registry_->Heartbeat(w, load, {"r1"}).ok());
+  EXPECT_EQ(Health(w), WorkerHealth::kHealthy);
+  // Data for a while, then silence: DOWN a lease TTL after the last sign.
+  clock_.Advance(absl::Seconds(3));
+  registry_->RecordActivity(w);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_THAT(down[0].reason, HasSubstr("no stream data for 5.001s"));
+  // Activity after DOWN changes nothing; nor does a stale epoch's.
+  registry_->RecordActivity(w);
+  EXPECT_EQ(Health(w), WorkerHealth::kDown);
+}
+
 TEST_F(WorkerRegistryTest, LateHeartbeatBeforeTickIsRefusedAndReported) {
   WorkerRef w = *registry_->Register(Reg(WorkerRole::kPrefill, "h:1", 0));
   clock_.Advance(absl::Seconds(6));

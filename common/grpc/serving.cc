@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc/keepalive.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace baton {
@@ -85,6 +86,7 @@ absl::StatusOr<RunningServer> StartServer(
   // health messages links their descriptors in.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
+  SetServerKeepalive(&builder);
   int port = 0;
   builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
@@ -110,6 +112,7 @@ absl::StatusOr<RunningServer> StartHealthServer(const std::string& listen,
   if (!host.ok()) return host.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  SetServerKeepalive(&builder);
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   RunningServer running;

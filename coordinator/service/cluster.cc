@@ -10,6 +10,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc/keepalive.h"
 #include "common/tsan/annotations.h"
 
 namespace baton::coordinator {
@@ -147,6 +148,8 @@ std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
   // A restarted worker at the same address must be reachable at once.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A worker whose host vanished fails its streams within keepalive.
+  SetClientKeepalive(&args);
   std::shared_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(
       grpc::CreateCustomChannel(address,
                                 options_.worker_credentials != nullptr

@@ -237,17 +237,17 @@ bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
   if (const auto down = status.GetPayload(kWorkerDownPayload)) {
     const std::string worker(*down);
     if (decode_.has_value() && worker == decode_->ref.id) {
-      excluded_decode_.push_back(worker);
+      excluded_decode_.push_back(decode_->ref);
     }
-    if (worker == prefill_->ref.id) excluded_prefill_.push_back(worker);
+    if (worker == prefill_->ref.id) excluded_prefill_.push_back(prefill_->ref);
     return true;
   }
   if (FromWorkerRpc(status, WorkerRpc::kPrefill)) {
-    excluded_prefill_.push_back(prefill_->ref.id);
+    excluded_prefill_.push_back(prefill_->ref);
     return true;
   }
   if (decode_.has_value() && FromWorkerRpc(status, WorkerRpc::kDecode)) {
-    excluded_decode_.push_back(decode_->ref.id);
+    excluded_decode_.push_back(decode_->ref);
     return true;
   }
   // Either side of the handoff may have failed: exclude neither (a dead
@@ -395,6 +395,12 @@ absl::Status GenerateCall::Serve() {
       out.set_text(response.text());
       out.mutable_logprobs()->CopyFrom(response.logprobs());
       const SteadyClock::time_point now = SteadyClock::now();
+      if (now - activity_reported_ >= std::chrono::milliseconds(100)) {
+        // Data from the worker: a sign of life while its heartbeats are
+        // late (it then stays SUSPECT rather than going DOWN).
+        cluster_->registry().RecordActivity(decoder.ref);
+        activity_reported_ = now;
+      }
       if (const int k = response.token_ids_size(); k > 0) {
         inter_token_.Add(MsBetween(last_token_time_, now) / 1e3 / k, k);
         cluster_->metrics().OnTokens(k);

@@ -107,6 +107,10 @@ class GenerateCall final : public CallHandle,
   absl::Status Route();
   // Picks the prefill worker among those of `role` (prefill_), avoiding
   // excluded_prefill_.
+  // The ids of the `failed` incarnations that are still the registry's
+  // current ones (for RequestInfo::excluded).
+  std::vector<WorkerId> StillExcluded(
+      const std::vector<WorkerRef>& failed) const;
   absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& request);
   // Prefill, first token, Decode and the stream to the client.
   absl::Status Serve();
@@ -139,8 +143,10 @@ class GenerateCall final : public CallHandle,
 
   Cluster* const cluster_;
   GenerateJob job_;  // internal_id changes when a request starts over
-  std::vector<WorkerId> excluded_prefill_;  // workers that failed it
-  std::vector<WorkerId> excluded_decode_;   // idem, for migrations
+  // Worker incarnations that failed the request (a worker that registers
+  // again, with a new epoch, may serve it).
+  std::vector<WorkerRef> excluded_prefill_;
+  std::vector<WorkerRef> excluded_decode_;
   int migrations_ = 0;
   GenerateReactor* reactor_;  // null once closed
   const SteadyClock::time_point arrival_;
@@ -164,6 +170,7 @@ class GenerateCall final : public CallHandle,
   double ttft_ms_ = 0;
   SteadyClock::time_point first_token_time_;
   SteadyClock::time_point last_token_time_;
+  SteadyClock::time_point activity_reported_;  // RecordActivity, throttled
   v1::PrefillHandoff handoff_;
   bool prefill_started_ = false;  // queue_ms_ is set
   bool end_recorded_ = false;

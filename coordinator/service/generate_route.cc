@@ -16,7 +16,8 @@ absl::Status GenerateCall::Route() {
   info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   info.max_tokens = job_.sampling.max_tokens();
   // A migrating request avoids the decode workers that failed it.
-  info.excluded = excluded_decode_;
+  const std::vector<WorkerId> failed_decode = StillExcluded(excluded_decode_);
+  info.excluded = failed_decode;
   const absl::Time queue_deadline =
       std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
   absl::Duration backoff = absl::Milliseconds(5);
@@ -40,7 +41,7 @@ absl::Status GenerateCall::Route() {
     if (!decode.ok()) {
       // No decode worker up at all (other than those that failed it).
       if (decode.status().code() == absl::StatusCode::kUnavailable &&
-          info.excluded.size() == excluded_decode_.size()) {
+          info.excluded.size() == failed_decode.size()) {
         return decode.status();
       }
       int64_t largest = 0;
@@ -72,7 +73,7 @@ absl::Status GenerateCall::Route() {
       // the calls of every coordinator replica are served in arrival order
       // (ReserveKvRequest.queue_ms), rather than polling here, where this
       // replica would learn of freed room only from heartbeats.
-      info.excluded = excluded_decode_;
+      info.excluded = failed_decode;
       decode = cluster_->ClaimDecode(info, &blocks, /*wait=*/true);
       if (!decode.ok()) {
         if (!Backoff(backoff)) continue;
@@ -159,12 +160,23 @@ absl::Status GenerateCall::Route() {
 absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
                                         const RequestInfo& request) {
   RequestInfo info = request;
-  info.excluded = excluded_prefill_;
+  info.excluded = StillExcluded(excluded_prefill_);
   absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
   if (!prefill.ok()) return prefill.status();
   prefill_ = *prefill;
   prefill_tokens_added_ = info.prompt_tokens;
   return absl::OkStatus();
+}
+
+std::vector<WorkerId> GenerateCall::StillExcluded(
+    const std::vector<WorkerRef>& failed) const {
+  std::vector<WorkerId> out;
+  for (const WorkerRef& ref : failed) {
+    absl::StatusOr<WorkerInfo> now = cluster_->registry().Get(ref.id);
+    if (now.ok() && now->ref.epoch != ref.epoch) continue;
+    out.push_back(ref.id);
+  }
+  return out;
 }
 
 }  // namespace baton::coordinator

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/keepalive.h"
 
 namespace baton {
 
@@ -30,6 +31,7 @@ std::shared_ptr<grpc::Channel> ControlChannel(
     const std::string& coordinator, const std::string& server_name,
     std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
+  SetClientKeepalive(&args);
   if (!server_name.empty() && credentials != nullptr) {
     args.SetSslTargetNameOverride(server_name);
   }
