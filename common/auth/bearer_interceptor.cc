@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/auth/api_keys.h"
+#include "common/grpc/keepalive.h"
 
 namespace baton {
 namespace {
@@ -60,7 +61,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const grpc::ChannelArguments& args) {
   auto credentials = MakeChannelCredentials(security.tls, "--tls");
   if (!credentials.ok()) return credentials.status();
-  return CreateChannelWithKey(target, *credentials, security.api_key, args);
+  grpc::ChannelArguments with_keepalive = args;
+  SetClientKeepalive(&with_keepalive);
+  return CreateChannelWithKey(target, *credentials, security.api_key,
+                              with_keepalive);
 }
 
 }  // namespace baton

@@ -39,7 +39,8 @@ struct ClientSecurity {
   std::string api_key;
 };
 
-// A channel to `target` with `security`; InvalidArgument naming the --tls
+// A channel to `target` with `security` and Baton's client keepalive
+// (common/grpc/keepalive.h); InvalidArgument naming the --tls
 // flag whose file is missing or unusable.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const ClientSecurity& security,
