@@ -24,15 +24,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Requests on a decode worker that is SIGKILLed mid-stream migrate: the
+// Requests on a decode worker that fails mid-stream migrate: the
 // coordinator prefills each again and hands its KV to another decode
 // worker, which continues from the tokens the client already has. Every
 // request completes, and its whole output (tokens and text) is the one a
 // fault-free run gives, greedy and seeded sampling alike; the survivors
-// leak nothing. The kill comes at a known point: every request has
+// leak nothing. The fault comes at a known point: every request has
 // streamed at least two tokens from the victim, the only decode worker
-// then; a second decode worker joins just before the kill.
-TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequestMigrates) {
+// then; a second decode worker joins just before it.
+enum class DecodeFault { kKill, kFreeze };
+
+void ExpectMigratedWithIdenticalOutput(DecodeFault fault) {
   LocalClusterOptions options;
   const int victim = 1;
   auto cluster = StartOrDie(options);
@@ -71,8 +73,16 @@ TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequestMigrates) {
     const absl::Status healthy = cluster->WaitHealthy(3, absl::Seconds(120));
     EXPECT_TRUE(healthy.ok()) << healthy;
   }
-  cluster->Kill(victim);
+  if (fault == DecodeFault::kKill) {
+    cluster->Kill(victim);
+  } else {
+    cluster->workers()[victim].process->Signal(SIGSTOP);
+  }
   for (std::thread& t : clients) t.join();
+  if (fault == DecodeFault::kFreeze) {
+    // Back, it finds itself dropped, frees what it held and registers again.
+    cluster->workers()[victim].process->Signal(SIGCONT);
+  }
   ASSERT_TRUE(joined.ok());
   for (int i = 0; i < kRequests; ++i) {
     const StreamResult& r = results[static_cast<size_t>(i)];
@@ -107,6 +117,18 @@ TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequestMigrates) {
   }
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);
+}
+
+// SIGKILL: the Decode streams break at once.
+TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequestMigrates) {
+  ExpectMigratedWithIdenticalOutput(DecodeFault::kKill);
+}
+
+// SIGSTOP: the streams stay open but quiet; the worker's lease expires, the
+// coordinator marks it DOWN (a typed abort of that attempt only) and the
+// requests move on; once continued, the frozen worker frees what it held.
+TEST(ClusterWorkerFaultTest, DecodeWorkerFrozenMidRequestMigrates) {
+  ExpectMigratedWithIdenticalOutput(DecodeFault::kFreeze);
 }
 
 // The same fault with migration off (--max_migrations=0): the victim's
