@@ -99,4 +99,4 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # OpenSSL; the HTTPS sessions run under both, in http_unit_test).
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Frozen|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"
