@@ -232,41 +232,6 @@ void GenerateCall::Run() {
   cluster_->RemoveCall(job_.internal_id);
 }
 
-bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kUnavailable) return false;
-  if (const auto down = status.GetPayload(kWorkerDownPayload)) {
-    const std::string worker(*down);
-    if (decode_.has_value() && worker == decode_->ref.id) {
-      excluded_decode_.push_back(decode_->ref);
-    }
-    if (worker == prefill_->ref.id) excluded_prefill_.push_back(prefill_->ref);
-    return true;
-  }
-  if (FromWorkerRpc(status, WorkerRpc::kPrefill)) {
-    excluded_prefill_.push_back(prefill_->ref);
-    return true;
-  }
-  if (decode_.has_value() && FromWorkerRpc(status, WorkerRpc::kDecode)) {
-    excluded_decode_.push_back(decode_->ref);
-    return true;
-  }
-  // Either side of the handoff may have failed: exclude neither (a dead
-  // one fails its next RPC at once, or is DOWN by then).
-  return FromWorkerRpc(status, WorkerRpc::kPrefillHandoff);
-}
-
-void GenerateCall::NewAttempt(absl::string_view suffix) {
-  const std::string previous = job_.internal_id;
-  job_.internal_id = absl::StrCat(previous, suffix);
-  {
-    absl::MutexLock lock(&mu_);
-    attempt_id_ = job_.internal_id;
-    attempt_abort_ = absl::OkStatus();
-  }
-  cluster_->AddCall(job_.internal_id, shared_from_this());
-  cluster_->RemoveCall(previous);
-}
-
 void GenerateCall::EndAttempt() {
   if (prefill_tokens_added_ != 0) {
     cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);

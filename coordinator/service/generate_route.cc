@@ -1,5 +1,6 @@
 // GenerateCall's routing: the decode worker with room (reserved first), then
-// the prefill worker, or one `both` worker for colocated serving.
+// the prefill worker, or one `both` worker for colocated serving; and the
+// workers a failed attempt excludes from the next one.
 #include <algorithm>
 #include <string>
 
@@ -166,6 +167,41 @@ absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
   prefill_ = *prefill;
   prefill_tokens_added_ = info.prompt_tokens;
   return absl::OkStatus();
+}
+
+bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return false;
+  if (const auto down = status.GetPayload(kWorkerDownPayload)) {
+    const std::string worker(*down);
+    if (decode_.has_value() && worker == decode_->ref.id) {
+      excluded_decode_.push_back(decode_->ref);
+    }
+    if (worker == prefill_->ref.id) excluded_prefill_.push_back(prefill_->ref);
+    return true;
+  }
+  if (FromWorkerRpc(status, WorkerRpc::kPrefill)) {
+    excluded_prefill_.push_back(prefill_->ref);
+    return true;
+  }
+  if (decode_.has_value() && FromWorkerRpc(status, WorkerRpc::kDecode)) {
+    excluded_decode_.push_back(decode_->ref);
+    return true;
+  }
+  // Either side of the handoff may have failed: exclude neither (a dead
+  // one fails its next RPC at once, or is DOWN by then).
+  return FromWorkerRpc(status, WorkerRpc::kPrefillHandoff);
+}
+
+void GenerateCall::NewAttempt(absl::string_view suffix) {
+  const std::string previous = job_.internal_id;
+  job_.internal_id = absl::StrCat(previous, suffix);
+  {
+    absl::MutexLock lock(&mu_);
+    attempt_id_ = job_.internal_id;
+    attempt_abort_ = absl::OkStatus();
+  }
+  cluster_->AddCall(job_.internal_id, shared_from_this());
+  cluster_->RemoveCall(previous);
 }
 
 std::vector<WorkerId> GenerateCall::StillExcluded(
