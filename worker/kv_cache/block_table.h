@@ -11,7 +11,8 @@ namespace baton {
 class KvCache;
 
 // Token t of the sequence lives in block block_ids()[t / block_size], slot
-// t % block_size. Only KvCache changes a table (Reserve, SetNumTokens, Free).
+// t % block_size. Only the BlockAllocator changes a table (Reserve,
+// SetNumTokens, Free, AcquirePrefix).
 // A table holds references on its blocks: call KvCache::Free before
 // destroying a non-empty table, or its blocks stay in use.
 class BlockTable {
@@ -33,6 +34,7 @@ class BlockTable {
   bool empty() const { return block_ids_.empty(); }
 
  private:
+  friend class BlockAllocator;
   friend class KvCache;
 
   std::vector<int32_t> block_ids_;

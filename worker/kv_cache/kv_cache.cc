@@ -1,6 +1,5 @@
 #include "worker/kv_cache/kv_cache.h"
 
-#include <atomic>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -13,8 +12,6 @@ namespace baton {
 namespace {
 
 constexpr int64_t kMaxNumBlocks = std::numeric_limits<int32_t>::max();
-
-std::atomic<uint64_t> next_pool_id{1};
 
 // dst: count elements of `dtype`.
 void StoreRow(const float* src, int64_t count, DType dtype, uint8_t* dst) {
@@ -103,86 +100,8 @@ KvCache::KvCache(const KvLayout& layout, int64_t num_blocks,
       num_blocks_(num_blocks),
       chunk_bytes_(layout.chunk_bytes()),
       layer_bytes_(layout.chunk_bytes() * static_cast<uint64_t>(num_blocks)),
-      pool_id_(next_pool_id.fetch_add(1)),
       memory_(std::move(memory)),
-      ref_counts_(static_cast<size_t>(num_blocks), 0),
-      free_ring_(static_cast<size_t>(num_blocks)),
-      free_head_(0),
-      free_count_(num_blocks) {
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    free_ring_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-  }
-}
-
-int64_t KvCache::BlocksNeeded(int64_t num_tokens) const {
-  BATON_CHECK_GE(num_tokens, 0);
-  const int64_t bs = layout_.block_size;
-  return num_tokens / bs + (num_tokens % bs != 0 ? 1 : 0);
-}
-
-bool KvCache::CanReserve(const BlockTable& table, int64_t total_tokens) const {
-  CheckOwner(table);
-  if (total_tokens < 0) return false;
-  return BlocksNeeded(total_tokens) - table.num_blocks() <= free_count_;
-}
-
-absl::Status KvCache::Reserve(BlockTable& table, int64_t total_tokens) {
-  CheckOwner(table);
-  if (total_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV reserve: total_tokens must be >= 0, got ", total_tokens));
-  }
-  const int64_t needed = BlocksNeeded(total_tokens) - table.num_blocks();
-  if (needed <= 0) return absl::OkStatus();
-  if (needed > free_count_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache full: ", total_tokens, " tokens need ", needed,
-        " more blocks (sequence holds ", table.num_blocks(), ", block_size ",
-        layout_.block_size, "), ", free_count_, " of ", num_blocks_,
-        " blocks free",
-        BlocksNeeded(total_tokens) > num_blocks_ ? " (exceeds the whole pool)"
-                                                 : ""));
-  }
-  table.block_ids_.reserve(static_cast<size_t>(table.num_blocks() + needed));
-  for (int64_t i = 0; i < needed; ++i) {
-    int32_t block = free_ring_[static_cast<size_t>(free_head_)];
-    free_head_ = free_head_ + 1 == num_blocks_ ? 0 : free_head_ + 1;
-    --free_count_;
-    BATON_CHECK_EQ(ref_counts_[static_cast<size_t>(block)], 0);
-    ref_counts_[static_cast<size_t>(block)] = 1;
-    table.block_ids_.push_back(block);
-  }
-  table.pool_id_ = pool_id_;
-  return absl::OkStatus();
-}
-
-absl::Status KvCache::SetNumTokens(BlockTable& table, int64_t num_tokens) {
-  CheckOwner(table);
-  if (num_tokens < 0 || num_tokens > Capacity(table)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV num_tokens must be in [0, ", Capacity(table),
-                     "] (the reserved capacity), got ", num_tokens));
-  }
-  table.num_tokens_ = num_tokens;
-  return absl::OkStatus();
-}
-
-void KvCache::Free(BlockTable& table) {
-  CheckOwner(table);
-  for (int32_t block : table.block_ids_) {
-    int32_t& refs = ref_counts_[static_cast<size_t>(block)];
-    BATON_CHECK_GT(refs, 0) << "block " << block << " freed more than held";
-    if (--refs == 0) {
-      BATON_CHECK_LT(free_count_, num_blocks_);
-      free_ring_[static_cast<size_t>((free_head_ + free_count_) %
-                                     num_blocks_)] = block;
-      ++free_count_;
-    }
-  }
-  table.block_ids_.clear();
-  table.num_tokens_ = 0;
-  table.pool_id_ = 0;
-}
+      allocator_(num_blocks, layout.block_size) {}
 
 uint8_t* KvCache::LayerBlock(int64_t layer, int32_t block) {
   return const_cast<uint8_t*>(std::as_const(*this).LayerBlock(layer, block));
@@ -349,81 +268,6 @@ absl::StatusOr<std::vector<std::span<uint8_t>>> KvCache::MutableLayerChunks(
         chunk_bytes_);
   }
   return out;
-}
-
-absl::Status KvCache::CheckInvariants() const {
-  if (free_count_ < 0 || free_count_ > num_blocks_ || free_head_ < 0 ||
-      free_head_ >= num_blocks_) {
-    return absl::InternalError(
-        absl::StrCat("KV free list state out of range: head ", free_head_,
-                     ", count ", free_count_, ", total ", num_blocks_));
-  }
-  std::vector<bool> on_free_list(static_cast<size_t>(num_blocks_), false);
-  for (int64_t i = 0; i < free_count_; ++i) {
-    const int32_t block =
-        free_ring_[static_cast<size_t>((free_head_ + i) % num_blocks_)];
-    if (block < 0 || block >= num_blocks_) {
-      return absl::InternalError(
-          absl::StrCat("KV free list holds invalid block id ", block));
-    }
-    if (on_free_list[static_cast<size_t>(block)]) {
-      return absl::InternalError(
-          absl::StrCat("KV free list holds block ", block, " twice"));
-    }
-    on_free_list[static_cast<size_t>(block)] = true;
-  }
-  int64_t used = 0;
-  for (int64_t b = 0; b < num_blocks_; ++b) {
-    const int32_t refs = ref_counts_[static_cast<size_t>(b)];
-    const bool free = on_free_list[static_cast<size_t>(b)];
-    if (refs < 0 || (refs == 0) != free) {
-      return absl::InternalError(
-          absl::StrCat("KV block ", b, " has reference count ", refs,
-                       " but is ", free ? "" : "not ", "on the free list"));
-    }
-    if (refs > 0) ++used;
-  }
-  if (used + free_count_ != num_blocks_ ||
-      num_blocks_free() + num_blocks_used() != num_blocks_total()) {
-    return absl::InternalError(
-        absl::StrCat("KV accounting: ", used, " used + ", free_count_,
-                     " free != ", num_blocks_, " total"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KvCache::CheckInvariants(
-    std::span<const BlockTable* const> live_tables) const {
-  BATON_RETURN_IF_ERROR(CheckInvariants());
-  std::vector<int64_t> held(static_cast<size_t>(num_blocks_), 0);
-  for (size_t t = 0; t < live_tables.size(); ++t) {
-    const BlockTable& table = *live_tables[t];
-    if (table.pool_id_ != (table.empty() ? 0 : pool_id_)) {
-      return absl::InternalError(
-          absl::StrCat("KV table ", t, " is not owned by this cache"));
-    }
-    if (table.num_tokens() > Capacity(table)) {
-      return absl::InternalError(absl::StrCat("KV table ", t, " has ",
-                                              table.num_tokens(), " tokens in ",
-                                              table.num_blocks(), " blocks"));
-    }
-    for (int32_t block : table.block_ids()) {
-      if (block < 0 || block >= num_blocks_) {
-        return absl::InternalError(
-            absl::StrCat("KV table ", t, " holds invalid block id ", block));
-      }
-      ++held[static_cast<size_t>(block)];
-    }
-  }
-  for (int64_t b = 0; b < num_blocks_; ++b) {
-    if (held[static_cast<size_t>(b)] != ref_counts_[static_cast<size_t>(b)]) {
-      return absl::InternalError(absl::StrCat(
-          "KV block ", b, " has reference count ",
-          ref_counts_[static_cast<size_t>(b)], " but live tables hold it ",
-          held[static_cast<size_t>(b)], " times"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace baton

@@ -1,5 +1,6 @@
 // The paged KV cache of one worker: a fixed pool of blocks of `block_size`
-// tokens, handed to sequences through BlockTables (nano-vllm / vLLM style),
+// tokens (the bytes), handed to sequences through BlockTables by its
+// BlockAllocator (ids, reference counts, the prefix index; vLLM style),
 // laid out layer-major so one layer of a sequence can be exported while later
 // layers are still being computed. The byte layout is documented in
 // kv_layout.h.
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "common/check.h"
 #include "model/tensor.h"
+#include "worker/kv_cache/block_allocator.h"
 #include "worker/kv_cache/block_table.h"
 #include "worker/kv_cache/kv_layout.h"
 #include "worker/kv_cache/kv_pool_memory.h"
@@ -105,35 +107,36 @@ class KvCache {
   // Bytes of the whole pool: num_layers * num_blocks_total * chunk_bytes.
   uint64_t pool_bytes() const { return memory_->size(); }
 
-  // --- Accounting: num_blocks_free() + num_blocks_used() ==
-  // num_blocks_total() ---
-  int64_t num_blocks_total() const { return num_blocks_; }
-  int64_t num_blocks_free() const { return free_count_; }
-  int64_t num_blocks_used() const { return num_blocks_ - free_count_; }
+  // --- Accounting (BlockAllocator): num_blocks_free() counts the blocks
+  // no sequence holds, empty or cached; num_blocks_free() +
+  // num_blocks_used() == num_blocks_total() ---
+  int64_t num_blocks_total() const { return allocator_.num_blocks_total(); }
+  int64_t num_blocks_free() const { return allocator_.num_blocks_available(); }
+  int64_t num_blocks_used() const { return allocator_.num_blocks_used(); }
+  // The free blocks that hold a published prefix block (evictable).
+  int64_t num_blocks_cached() const { return allocator_.num_blocks_cached(); }
   // ceil(num_tokens / block_size). REQUIRES: num_tokens >= 0.
-  int64_t BlocksNeeded(int64_t num_tokens) const;
+  int64_t BlocksNeeded(int64_t num_tokens) const {
+    return allocator_.BlocksNeeded(num_tokens);
+  }
   // Tokens the table's blocks can hold: num_blocks * block_size.
   int64_t Capacity(const BlockTable& table) const {
-    return table.num_blocks() * layout_.block_size;
+    return allocator_.Capacity(table);
   }
 
-  // --- Allocation (query/command pairs) ---
-  // True if Reserve(table, total_tokens) would succeed.
-  bool CanReserve(const BlockTable& table, int64_t total_tokens) const;
-  // Grows `table` so it holds at least total_tokens tokens (never shrinks).
-  // New blocks come from the front of the free list, which starts 0, 1, ...
-  // and gets freed blocks at its back, so a given sequence of calls yields
-  // the same block ids. ResourceExhausted with the numbers if the pool
-  // lacks the blocks, InvalidArgument if total_tokens < 0; on error nothing
-  // changes. REQUIRES: table is empty or belongs to this cache.
-  absl::Status Reserve(BlockTable& table, int64_t total_tokens);
-  // Commits that the first num_tokens tokens are written in every layer.
-  // InvalidArgument unless 0 <= num_tokens <= Capacity(table).
-  absl::Status SetNumTokens(BlockTable& table, int64_t num_tokens);
-  // Drops the table's reference on each of its blocks (a block returns to
-  // the free list when its last reference goes) and empties the table.
-  // Freeing an empty table is a no-op.
-  void Free(BlockTable& table);
+  // --- Allocation (BlockAllocator; see there) ---
+  BlockAllocator& allocator() { return allocator_; }
+  const BlockAllocator& allocator() const { return allocator_; }
+  bool CanReserve(const BlockTable& table, int64_t total_tokens) const {
+    return allocator_.CanReserve(table, total_tokens);
+  }
+  absl::Status Reserve(BlockTable& table, int64_t total_tokens) {
+    return allocator_.Reserve(table, total_tokens);
+  }
+  absl::Status SetNumTokens(BlockTable& table, int64_t num_tokens) {
+    return allocator_.SetNumTokens(table, num_tokens);
+  }
+  void Free(BlockTable& table) { allocator_.Free(table); }
 
   // --- Addressing ---
   // The chunk of (layer, block): K then V, chunk_bytes() contiguous bytes.
@@ -188,23 +191,19 @@ class KvCache {
   absl::StatusOr<std::vector<std::span<uint8_t>>> MutableLayerChunks(
       const BlockTable& table, int64_t layer, int64_t num_tokens);
 
-  // --- Checks for tests and metrics ---
-  // Internal: the free list has no duplicates or out-of-range ids, a block
-  // is on it iff its reference count is 0, counts add up to the total.
-  absl::Status CheckInvariants() const;
-  // CheckInvariants plus ownership: every block's reference count equals
-  // the number of times the live tables hold it (a leaked or doubly owned
-  // block fails), and each table fits its num_tokens.
+  // --- Checks for tests and metrics (BlockAllocator::CheckInvariants) ---
+  absl::Status CheckInvariants() const { return allocator_.CheckInvariants(); }
   absl::Status CheckInvariants(
-      std::span<const BlockTable* const> live_tables) const;
+      std::span<const BlockTable* const> live_tables) const {
+    return allocator_.CheckInvariants(live_tables);
+  }
 
  private:
   KvCache(const KvLayout& layout, int64_t num_blocks,
           std::unique_ptr<KvPoolMemory> memory);
 
   void CheckOwner(const BlockTable& table) const {
-    BATON_CHECK(table.pool_id_ == 0 || table.pool_id_ == pool_id_)
-        << "BlockTable belongs to another KvCache";
+    allocator_.CheckOwner(table);
   }
   // InvalidArgument unless layer is in range and 0 <= num_tokens <=
   // Capacity(table).
@@ -218,16 +217,8 @@ class KvCache {
   int64_t num_blocks_;
   uint64_t chunk_bytes_;
   uint64_t layer_bytes_;  // num_blocks_ * chunk_bytes_
-  uint64_t pool_id_;
   std::unique_ptr<KvPoolMemory> memory_;
-
-  // References per block; 0 = free.
-  std::vector<int32_t> ref_counts_;
-  // Free list as a FIFO ring of capacity num_blocks_: entries
-  // free_ring_[(free_head_ + i) % num_blocks_] for i < free_count_.
-  std::vector<int32_t> free_ring_;
-  int64_t free_head_ = 0;
-  int64_t free_count_ = 0;
+  BlockAllocator allocator_;
 };
 
 }  // namespace baton
