@@ -50,8 +50,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     return absl::InvalidArgumentError(
         "max_num_seqs and max_num_batched_tokens must be >= 1");
   }
-  engine->scheduler_ =
-      std::make_unique<Scheduler>(options.scheduler, engine->cache_.get());
+  engine->prefix_root_ = PrefixRootHash(
+      absl::StrCat(options.model_id, "|", engine->cache_->layout().ToString()));
+  engine->scheduler_ = std::make_unique<Scheduler>(
+      options.scheduler, engine->cache_.get(),
+      PrefixCacheConfig{.enabled = options.prefix_cache,
+                        .root = engine->prefix_root_});
   engine->eos_ids_ = tokenizer->end_of_generation_ids();
   return engine;
 }
@@ -155,6 +159,11 @@ EngineStats Engine::stats() {
   s.num_imports = static_cast<int64_t>(imports_.size());
   s.kv_blocks_total = cache_->num_blocks_total();
   s.kv_blocks_free = cache_->num_blocks_free();
+  s.kv_blocks_cached = cache_->num_blocks_cached();
+  s.kv_evictions = cache_->allocator().num_evictions();
+  s.prefix_query_tokens =
+      published_prefix_queries_.load(std::memory_order_relaxed);
+  s.prefix_hit_tokens = published_prefix_hits_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -343,6 +352,10 @@ bool Engine::Step() {
                            std::memory_order_relaxed);
   published_handoffs_.store(static_cast<int64_t>(handing_off_.size()),
                             std::memory_order_relaxed);
+  published_prefix_queries_.store(scheduler_->prefix_query_tokens(),
+                                  std::memory_order_relaxed);
+  published_prefix_hits_.store(scheduler_->prefix_hit_tokens(),
+                               std::memory_order_relaxed);
   return worked;
 }
 
@@ -413,8 +426,9 @@ bool Engine::StepOnce() {
   }
   const int64_t vocab = config().vocab_size;
   int64_t row = 0;
+  for (const ScheduledItem& s : scheduled) s.seq->num_cached += s.num_tokens;
+  if (options_.prefix_cache) PublishFullBlocks(scheduled);
   for (const ScheduledItem& s : scheduled) {
-    s.seq->num_cached += s.num_tokens;
     if (!s.samples) continue;
     PostProcess(s.seq,
                 std::span<const float>(logits_).subspan(row * vocab, vocab));

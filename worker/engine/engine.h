@@ -47,6 +47,15 @@ struct EngineOptions {
   SchedulerOptions scheduler;
   // Tokens per KV block.
   int64_t block_size = 16;
+  // Prefix cache: a request reuses the KV of the longest prefix of full
+  // blocks an earlier request computed here (prompt or output), and freed
+  // blocks stay cached until the pool needs them (scheduler.h). Tokens are
+  // identical either way.
+  bool prefix_cache = true;
+  // Salts the prefix hashes with what else changes the KV besides the
+  // tokens and the layout: the model id (the cache of one engine always
+  // holds one model's KV; the id matters once hashes leave the worker).
+  std::string model_id;
   // --- performance ---
   // Compute threads (the engine thread included).
   int num_threads = 1;
@@ -105,7 +114,13 @@ struct EngineStats {
   int64_t num_handoffs = 0;  // prefill-only requests handing off their KV
   int64_t num_imports = 0;   // reserved imports not yet started
   int64_t kv_blocks_total = 0;
-  int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_free = 0;    // no request holds them (cached included)
+  int64_t kv_blocks_cached = 0;  // free, holding a reusable prefix block
+  // Prefix cache, over requests' first admissions: prompt tokens looked up,
+  // found cached; cached blocks evicted for room.
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t kv_evictions = 0;
 };
 
 class Engine {
@@ -194,6 +209,11 @@ class Engine {
   // Reserved imports are freed by the destructor.
   void Shutdown(const absl::Status& reason);
 
+  // Thread-safe. Forgets every cached prefix (blocks in use stay with their
+  // requests, unshared from then on); returns how many blocks it dropped.
+  int64_t ResetPrefixCache();
+  // The hash every request's block 0 chains from (prefix_hash.h).
+  const BlockHash& prefix_root() const { return prefix_root_; }
   // One engine iteration; returns false if there was nothing to do.
   bool Step();
   // Steps until every submitted request has finished (waiting, not spinning,
@@ -273,6 +293,8 @@ class Engine {
   // a prompt, kFaultDecodeStep when it decodes); an injected error fails
   // the step as a runner error would.
   absl::Status HitStepFaultPoints(const std::vector<ScheduledItem>& scheduled);
+  // Publishes the blocks the step filled in the prefix cache.
+  void PublishFullBlocks(const std::vector<ScheduledItem>& scheduled);
   // Releases a reserved import not yet started; false if there is none.
   bool CancelImport(const std::string& request_id);
   void WaitForEvents();
@@ -285,6 +307,7 @@ class Engine {
   std::unique_ptr<ForwardRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
+  BlockHash prefix_root_;
   uint64_t next_arrival_ = 0;
 
   // Guards the cache's allocation state (Reserve / Free / SetNumTokens of
@@ -306,6 +329,8 @@ class Engine {
   std::atomic<int64_t> published_waiting_{0};
   std::atomic<int64_t> published_running_{0};
   std::atomic<int64_t> published_handoffs_{0};
+  std::atomic<int64_t> published_prefix_queries_{0};
+  std::atomic<int64_t> published_prefix_hits_{0};
   std::vector<std::unique_ptr<KvHandoff>> detached_;  // timed out, joining
   uint64_t next_handoff_serial_ = 1;
 

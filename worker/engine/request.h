@@ -38,6 +38,8 @@ struct TokenOutput {
 struct RequestMetrics {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  // Prompt tokens whose KV came from the prefix cache (not computed).
+  int64_t cached_tokens = 0;
   Clock::time_point arrival;
   Clock::time_point first_scheduled;
   Clock::time_point first_token;

@@ -8,6 +8,7 @@ void Scheduler::Remove(Sequence* seq) {
   Detach(seq);
   cache_->Free(seq->table);
   seq->num_cached = 0;
+  seq->num_published = 0;
 }
 
 void Scheduler::Detach(Sequence* seq) {
@@ -22,7 +23,40 @@ void Scheduler::Preempt(Sequence* seq) {
                  running_.end());
   cache_->Free(seq->table);
   seq->num_cached = 0;
+  seq->num_published = 0;
   waiting_.push_front(seq);
+}
+
+bool Scheduler::Admit(Sequence* seq) {
+  const int64_t total = static_cast<int64_t>(seq->tokens.size());
+  BlockAllocator& allocator = cache_->allocator();
+  std::span<const BlockHash> prefix;
+  if (prefix_.enabled && seq->table.empty()) {
+    // Full blocks before the one holding the last token.
+    const int64_t shareable = (total - 1) / allocator.block_size();
+    ExtendBlockHashes(prefix_.root, seq->tokens, allocator.block_size(),
+                      shareable, &seq->block_hashes);
+    prefix =
+        std::span<const BlockHash>(seq->block_hashes)
+            .first(static_cast<size_t>(std::min<int64_t>(
+                shareable, static_cast<int64_t>(seq->block_hashes.size()))));
+    prefix = prefix.first(static_cast<size_t>(allocator.MatchPrefix(prefix)));
+  }
+  if (!allocator.CanReserveWithPrefix(prefix, total)) return false;
+  allocator.AcquirePrefix(seq->table, prefix);
+  // CanReserveWithPrefix held, so Reserve cannot fail.
+  (void)allocator.Reserve(seq->table, total);
+  const int64_t hit =
+      static_cast<int64_t>(prefix.size()) * allocator.block_size();
+  seq->num_cached = hit;
+  seq->num_published = static_cast<int64_t>(prefix.size());
+  if (prefix_.enabled && !seq->admitted) {
+    prefix_query_tokens_ += total;
+    prefix_hit_tokens_ += hit;
+    seq->metrics.cached_tokens = hit;
+  }
+  seq->admitted = true;
+  return true;
 }
 
 std::vector<ScheduledItem> Scheduler::Schedule(
@@ -58,9 +92,7 @@ std::vector<ScheduledItem> Scheduler::Schedule(
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    const int64_t total = static_cast<int64_t>(seq->tokens.size());
-    if (!cache_->CanReserve(seq->table, total)) break;
-    (void)cache_->Reserve(seq->table, total);
+    if (!Admit(seq)) break;
     waiting_.pop_front();
     running_.push_back(seq);
     const int64_t n = std::min(seq->num_uncached(), budget);

@@ -9,6 +9,12 @@
 // of the waiting queue to be recomputed (prompt + output so far). A prompt is
 // admitted only if the pool can hold it, so admission stops when the pool is
 // full instead of thrashing.
+//
+// Prefix cache: at admission a sequence takes the longest published prefix
+// of its tokens' full blocks (BlockAllocator::AcquirePrefix, shared, no
+// copy) and is prefilled from there. At least the block holding its last
+// token is always computed into a block of its own, so the logits exist and
+// nothing is written into a shared block.
 #ifndef BATON_WORKER_ENGINE_SCHEDULER_H_
 #define BATON_WORKER_ENGINE_SCHEDULER_H_
 
@@ -28,6 +34,12 @@ struct SchedulerOptions {
   int64_t max_num_batched_tokens = 512;
 };
 
+struct PrefixCacheConfig {
+  bool enabled = false;
+  // The parent hash of every sequence's block 0 (PrefixRootHash).
+  BlockHash root;
+};
+
 struct ScheduledItem {
   Sequence* seq;
   int64_t num_tokens;  // fed this step, starting at seq->num_cached
@@ -36,8 +48,9 @@ struct ScheduledItem {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, KvCache* cache)
-      : options_(options), cache_(cache) {}
+  Scheduler(const SchedulerOptions& options, KvCache* cache,
+            const PrefixCacheConfig& prefix = {})
+      : options_(options), cache_(cache), prefix_(prefix) {}
 
   void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
   // Joins a sequence whose blocks already hold its cached tokens (an
@@ -57,12 +70,21 @@ class Scheduler {
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  // Over first admissions: prompt tokens looked up, and found cached.
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
   void Preempt(Sequence* seq);
+  // Admits seq if the pool can hold all its tokens, sharing its longest
+  // cached prefix; false (nothing changed) if it cannot.
+  bool Admit(Sequence* seq);
 
   SchedulerOptions options_;
   KvCache* cache_;
+  PrefixCacheConfig prefix_;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
   std::deque<Sequence*> waiting_;   // FCFS; preempted ones return to front
   std::vector<Sequence*> running_;  // admitted, in admission order
 };

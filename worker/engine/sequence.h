@@ -14,6 +14,7 @@
 #include "worker/engine/kv_sink.h"
 #include "worker/engine/request.h"
 #include "worker/kv_cache/block_table.h"
+#include "worker/kv_cache/prefix_hash.h"
 #include "worker/sampler/sampler.h"
 #include "worker/sampler/stop_checker.h"
 
@@ -27,6 +28,12 @@ struct Sequence {
   int64_t num_prompt = 0;
   int64_t num_cached = 0;
   BlockTable table;
+  // Prefix cache: hashes of the tokens' first full blocks (computed as
+  // needed), how many of the table's blocks are published or were shared
+  // at admission, and whether it was ever admitted.
+  std::vector<BlockHash> block_hashes;
+  int64_t num_published = 0;
+  bool admitted = false;
   std::unique_ptr<RequestSampler> sampler;
   std::unique_ptr<IncrementalDecoder> detokenizer;
   std::unique_ptr<StopChecker> stop_checker;
