@@ -203,7 +203,8 @@ Json RemoteJson(const GenerateCall& call, bool logprobs, bool show_probs) {
   const v1::GenerateResult& r = call.result();
   j["seed"] = r.seed();
   j["usage"] = {{"prompt_tokens", r.usage().prompt_tokens()},
-                {"completion_tokens", r.usage().completion_tokens()}};
+                {"completion_tokens", r.usage().completion_tokens()},
+                {"cached_tokens", r.usage().cached_tokens()}};
   const v1::PhaseTimings& t = r.timings();
   j["timings"] = {{"queue_ms", t.queue_ms()},
                   {"prefill_ms", t.prefill_ms()},

@@ -234,13 +234,16 @@ v1::Usage CompletionJob::TotalUsage() const {
   const size_t n = static_cast<size_t>(request_.n);
   for (size_t p = 0; p < request_.prompts.size(); ++p) {
     int32_t prompt_tokens = 0;
+    int32_t cached_tokens = 0;
     for (size_t c = 0; c < n; ++c) {
       const v1::Usage& u = choices_[p * n + c].usage;
       prompt_tokens = std::max(prompt_tokens, u.prompt_tokens());
+      cached_tokens = std::max(cached_tokens, u.cached_tokens());
       total.set_completion_tokens(total.completion_tokens() +
                                   u.completion_tokens());
     }
     total.set_prompt_tokens(total.prompt_tokens() + prompt_tokens);
+    total.set_cached_tokens(total.cached_tokens() + cached_tokens);
   }
   return total;
 }

@@ -156,6 +156,10 @@ void OpenAiGateway::Handle(HttpRequest request,
             : PercentDecode(path.substr(sizeof(kModelsPrefix) - 1));
     return HandleModels(id, std::move(exchange));
   }
+  if (path == "/reset_prefix_cache") {
+    if (!post) return wrong_method("POST");
+    return HandleResetPrefixCache(std::move(exchange));
+  }
   if (path == "/health") {
     if (!get) return wrong_method("GET");
     return HandleHealth(std::move(exchange));
@@ -208,6 +212,36 @@ void OpenAiGateway::HandleModels(const std::string& id,
           }
         }
         exchange.reset();  // before the gateway may be torn down
+        in_flight_.Remove(op);
+      });
+}
+
+void OpenAiGateway::HandleResetPrefixCache(
+    std::shared_ptr<HttpExchange> exchange) {
+  using Call =
+      UnaryCall<v1::ResetPrefixCacheRequest, v1::ResetPrefixCacheResponse>;
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.unary_deadline));
+  const uint64_t op = in_flight_.Add([call] { call->context.TryCancel(); });
+  BATON_TSAN_RELEASE(call.get());
+  stub_->async()->ResetPrefixCache(
+      &call->context, &call->request, &call->response,
+      [this, call, op, exchange](grpc::Status status) mutable {
+        BATON_TSAN_ACQUIRE(call.get());
+        if (!status.ok()) {
+          RespondError(*exchange, ToHttpError(FromGrpc(status)));
+        } else {
+          const v1::ResetPrefixCacheResponse& r = call->response;
+          Json failed = Json::array();
+          for (const std::string& f : r.failed_workers()) failed.push_back(f);
+          // 200 when every worker reset; 503 naming the ones that did not.
+          RespondJson(*exchange, failed.empty() ? 200 : 503,
+                      {{"workers_reset", r.workers_reset()},
+                       {"blocks_dropped", r.blocks_dropped()},
+                       {"failed_workers", failed}});
+        }
+        exchange.reset();
         in_flight_.Remove(op);
       });
 }

@@ -74,6 +74,8 @@ class OpenAiGateway {
   void HandleModels(const std::string& id,
                     std::shared_ptr<HttpExchange> exchange);
   void HandleHealth(std::shared_ptr<HttpExchange> exchange);
+  // POST /reset_prefix_cache (the vLLM admin call): Baton.ResetPrefixCache.
+  void HandleResetPrefixCache(std::shared_ptr<HttpExchange> exchange);
 
   const OpenAiGatewayOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

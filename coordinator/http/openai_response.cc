@@ -137,10 +137,12 @@ Json ResponseFormatter::FinishChunk(int index,
 }
 
 Json ResponseFormatter::UsageJson(const v1::Usage& usage) {
-  return Json{{"prompt_tokens", usage.prompt_tokens()},
-              {"completion_tokens", usage.completion_tokens()},
-              {"total_tokens", static_cast<int64_t>(usage.prompt_tokens()) +
-                                   usage.completion_tokens()}};
+  return Json{
+      {"prompt_tokens", usage.prompt_tokens()},
+      {"completion_tokens", usage.completion_tokens()},
+      {"total_tokens",
+       static_cast<int64_t>(usage.prompt_tokens()) + usage.completion_tokens()},
+      {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens()}}}};
 }
 
 Json ResponseFormatter::UsageChunk(const v1::Usage& usage) const {

@@ -20,17 +20,6 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-// OK without API keys; otherwise the "authorization" metadata must carry a
-// key of `keys` (it is read here and never passed on).
-absl::Status Authorize(ApiKeys* keys,
-                       const grpc::CallbackServerContext* context) {
-  if (keys == nullptr) return absl::OkStatus();
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) return keys->Check("");
-  return keys->Check(absl::string_view(it->second.data(), it->second.size()));
-}
-
 absl::StatusOr<WorkerRole> RoleFromProto(v1::WorkerRole role) {
   switch (role) {
     case v1::WORKER_ROLE_PREFILL:
@@ -95,6 +84,15 @@ v1::WorkerLoad LoadToProto(const WorkerLoad& load) {
 }
 
 }  // namespace
+
+absl::Status Authorize(ApiKeys* keys,
+                       const grpc::CallbackServerContext* context) {
+  if (keys == nullptr) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return keys->Check("");
+  return keys->Check(absl::string_view(it->second.data(), it->second.size()));
+}
 
 // --- Control plane -----------------------------------------------------------
 

@@ -41,6 +41,11 @@ class ControlPlaneService final : public v1::Coordinator::CallbackService {
   Cluster* const cluster_;
 };
 
+// OK without API keys; otherwise the "authorization" metadata must carry a
+// key of `keys` (it is read here and never passed on).
+absl::Status Authorize(ApiKeys* keys,
+                       const grpc::CallbackServerContext* context);
+
 class BatonService final : public v1::Baton::CallbackService {
  public:
   // `cluster` (and `api_keys` when not null) must outlive the service.
@@ -66,6 +71,11 @@ class BatonService final : public v1::Baton::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::GetClusterStatusRequest* request,
       v1::GetClusterStatusResponse* response) override;
+  // prefix_cache_admin.cc
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const v1::ResetPrefixCacheRequest* request,
+      v1::ResetPrefixCacheResponse* response) override;
 
  private:
   Cluster* const cluster_;

@@ -305,6 +305,7 @@ absl::Status GenerateCall::Serve() {
   const bool resuming = !generated_.empty();
   if (!resuming) {
     prefill_ms_ = message.first_token().prefill_ms();
+    cached_tokens_ = message.first_token().cached_prompt_tokens();
     SendFirstToken(message.first_token());
   } else if (message.first_token().token_id() != generated_.front()) {
     // A migration continues the stream only where the new workers compute

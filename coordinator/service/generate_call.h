@@ -167,6 +167,7 @@ class GenerateCall final : public CallHandle,
   int64_t emitted_text_bytes_ = 0;
   double queue_ms_ = 0;
   double prefill_ms_ = 0;
+  int32_t cached_tokens_ = 0;  // the first attempt's prefix cache hit
   double ttft_ms_ = 0;
   SteadyClock::time_point first_token_time_;
   SteadyClock::time_point last_token_time_;

@@ -49,6 +49,7 @@ v1::GenerateResult GenerateCall::BaseResult() const {
   result.mutable_usage()->set_prompt_tokens(
       static_cast<int32_t>(job_.prompt.size()));
   result.mutable_usage()->set_completion_tokens(completion_tokens_);
+  result.mutable_usage()->set_cached_tokens(cached_tokens_);
   v1::PhaseTimings* t = result.mutable_timings();
   t->set_queue_ms(queue_ms_);
   t->set_prefill_ms(prefill_ms_);

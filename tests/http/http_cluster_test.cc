@@ -1,8 +1,9 @@
 // baton-coordinator's OpenAI-compatible HTTP API on a real 1P1D cluster
 // (LocalCluster with --http_listen=127.0.0.1:0): the official openai SDK,
 // curl on the SSE stream, 64 concurrent streams, slow and disconnecting
-// clients, and bad input (tests/http/openai_check.py does the client side).
-// Afterwards every worker has all its KV blocks free.
+// clients, bad input, and the prefix cache's usage figures and reset
+// (tests/http/openai_check.py does the client side). Afterwards every worker
+// has all its KV blocks free.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -139,6 +140,63 @@ TEST_F(HttpClusterTest, CurlReadsTheSseStreamAndHealthAndMetrics) {
   }
   EXPECT_THAT(health, HasSubstr("\"status\":\"unavailable\"")) << health;
   EXPECT_THAT(health, HasSubstr(" 503"));
+}
+
+// The same prompt twice: the second prefill reuses the first one's full
+// blocks (usage.prompt_tokens_details.cached_tokens) and answers the same;
+// POST /reset_prefix_cache empties every worker's cache.
+TEST_F(HttpClusterTest, PrefixCacheHitsShowInUsageAndResetClearsThem) {
+  StartCluster();
+  const std::string url = "http://" + cluster_->http_address();
+  const Json body = {
+      {"model", ModelId()},
+      {"messages",
+       {{{"role", "system"},
+         {"content",
+          "You are a careful assistant. You answer in one sentence, you "
+          "name your sources, and you never repeat the question back."}},
+        {{"role", "user"}, {"content", "Name a fruit that is yellow."}}}},
+      {"max_tokens", 6},
+      {"temperature", 0}};
+  auto chat = [&] {
+    const Json r =
+        Json::parse(Curl(absl::StrCat(url, "/v1/chat/completions -H ",
+                                      "'Content-Type: application/json' -d '",
+                                      body.dump(), "'")),
+                    nullptr, false);
+    EXPECT_FALSE(r.is_discarded());
+    EXPECT_TRUE(r.contains("usage")) << r.dump();
+    return r;
+  };
+  const Json first = chat();
+  const Json second = chat();
+  const int prompt_tokens = first["usage"]["prompt_tokens"].get<int>();
+  ASSERT_GT(prompt_tokens, 32) << first.dump();
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // Every full block before the one holding the last prompt token.
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"],
+            (prompt_tokens - 1) / 16 * 16)
+      << second.dump();
+  EXPECT_EQ(second["choices"][0]["message"]["content"],
+            first["choices"][0]["message"]["content"]);
+
+  EXPECT_THAT(
+      Curl(absl::StrCat("-w ' %{http_code}' ", url, "/reset_prefix_cache")),
+      HasSubstr(" 405"));
+  const std::string reset = Curl(
+      absl::StrCat("-X POST -w ' %{http_code}' ", url, "/reset_prefix_cache"));
+  ASSERT_TRUE(absl::EndsWith(reset, " 200")) << reset;
+  const Json reply =
+      Json::parse(reset.substr(0, reset.size() - 4), nullptr, false);
+  ASSERT_FALSE(reply.is_discarded()) << reset;
+  EXPECT_EQ(reply["workers_reset"], 2);
+  EXPECT_GT(reply["blocks_dropped"].get<int64_t>(), 0);
+  EXPECT_EQ(reply["failed_workers"], Json::array());
+  const Json third = chat();
+  EXPECT_EQ(third["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(third["choices"][0]["message"]["content"],
+            first["choices"][0]["message"]["content"]);
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
 }
 
 TEST_F(HttpClusterTest, SixtyFourConcurrentStreams) {

@@ -294,12 +294,14 @@ bool Engine::PostProcess(Sequence* seq, std::span<const float> logits) {
     out.request_id = seq->request.id;
     out.first_token = std::move(token_output);
     out.seed = seq->sampler->seed();
+    out.metrics.cached_tokens = seq->metrics.cached_tokens;
     seq->on_prefill(out);
     return true;
   }
 
   RequestOutput out;
   out.tokens.push_back(std::move(token_output));
+  out.metrics.cached_tokens = seq->metrics.cached_tokens;
   FinishReason reason = AdvanceText(seq, token, &out);
   if (reason == FinishReason::kNone) {
     seq->on_output(out);

@@ -58,8 +58,9 @@ struct RequestOutput {
   std::vector<TokenOutput> tokens;  // tokens generated since the last output
   std::string text;                 // text that became final since the last
   FinishReason finish_reason = FinishReason::kNone;
-  absl::Status error;      // set when finish_reason == kError
-  RequestMetrics metrics;  // complete on the last output
+  absl::Status error;  // set when finish_reason == kError
+  // Complete on the last output; cached_tokens is set on every one.
+  RequestMetrics metrics;
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
@@ -92,7 +93,7 @@ struct PrefillOutput {
   FinishReason finish_reason = FinishReason::kNone;
   absl::Status error;
   KvHandoffMetrics handoff;  // on done
-  RequestMetrics metrics;    // on done
+  RequestMetrics metrics;    // on done (cached_tokens: from first_token on)
 };
 
 using PrefillCallback = std::function<void(const PrefillOutput&)>;

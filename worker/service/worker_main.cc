@@ -64,6 +64,10 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(int32_t, threads, 1,
           "compute threads of the engine (with --device=cuda:N: host "
           "threads)");
+ABSL_FLAG(std::string, prefix_cache, "on",
+          "on: requests reuse the KV of the longest prefix an earlier request "
+          "computed here (full blocks, content-addressed; tokens are "
+          "identical either way); off: every prompt is prefilled whole");
 ABSL_FLAG(int64_t, kv_cache_mib, 512,
           "KV pool size in MiB (on the GPU with --device=cuda:N, mirrored "
           "by a host staging pool of the same size)");
@@ -278,7 +282,19 @@ int Main() {
     Log(bundle.status().ToString());
     return 1;
   }
+  const std::string prefix_cache = absl::GetFlag(FLAGS_prefix_cache);
+  if (prefix_cache != "on" && prefix_cache != "off") {
+    Log(absl::StrCat("--prefix_cache must be on or off, got '", prefix_cache,
+                     "'"));
+    return 2;
+  }
+  const std::string model_id =
+      !bundle->weights->config().name.empty()
+          ? bundle->weights->config().name
+          : std::filesystem::path(model_path).stem().string();
   EngineOptions engine_options;
+  engine_options.prefix_cache = prefix_cache == "on";
+  engine_options.model_id = model_id;
   engine_options.num_threads = absl::GetFlag(FLAGS_threads);
   engine_options.kv_cache_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_cache_mib)) << 20;
@@ -305,13 +321,12 @@ int Main() {
     Log(absl::StrCat("warm-up failed: ", s.ToString()));
     return 1;
   }
+  (*engine)->ResetPrefixCache();  // the warm-up's prompt is nobody's prefix
   FaultPoints::Global().Arm(std::move(*faults));
   const ModelConfig& config = (*engine)->config();
   WorkerServiceOptions options;
   options.role = *role;
-  options.model_id = !config.name.empty()
-                         ? config.name
-                         : std::filesystem::path(model_path).stem().string();
+  options.model_id = model_id;
   options.kv_host = kv_host;
   options.kv_port = kv_port;
   if (absl::GetFlag(FLAGS_reservation_ttl_ms) < 1) {

@@ -1,5 +1,7 @@
 #include "worker/service/worker_metrics.h"
 
+#include <utility>
+
 #include "common/metrics/metrics.h"
 
 namespace baton {
@@ -67,8 +69,23 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry,
                                  role_)),
       kv_blocks_used_(AddGauge(registry, "baton_worker_kv_blocks_used",
                                "KV cache blocks in use or reserved", role_)),
-      kv_blocks_free_(AddGauge(registry, "baton_worker_kv_blocks_free",
-                               "KV cache blocks free", role_)),
+      kv_blocks_free_(AddGauge(
+          registry, "baton_worker_kv_blocks_free",
+          "KV cache blocks no request holds (cached prefix blocks included)",
+          role_)),
+      kv_blocks_cached_(AddGauge(
+          registry, "baton_worker_kv_blocks_cached",
+          "Free KV cache blocks holding a reusable prefix block", role_)),
+      prefix_query_tokens_(AddCounter(
+          registry, "baton_worker_prefix_cache_query_tokens_total",
+          "Prompt tokens looked up in the prefix cache", {{"role", role_}})),
+      prefix_hit_tokens_(
+          AddCounter(registry, "baton_worker_prefix_cache_hit_tokens_total",
+                     "Prompt tokens whose KV came from the prefix cache",
+                     {{"role", role_}})),
+      kv_evictions_(AddCounter(registry, "baton_worker_kv_evictions_total",
+                               "Cached prefix blocks evicted for room",
+                               {{"role", role_}})),
       kv_transfers_active_(AddGauge(
           registry, "baton_worker_kv_transfers_active",
           "KV handoffs being sent plus imports reserved and not started",
@@ -137,11 +154,21 @@ void WorkerMetrics::Refresh(const EngineStats& stats,
   kv_blocks_used_.Set(
       static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_free));
   kv_blocks_free_.Set(static_cast<double>(stats.kv_blocks_free));
+  kv_blocks_cached_.Set(static_cast<double>(stats.kv_blocks_cached));
   kv_transfers_active_.Set(
       static_cast<double>(stats.num_handoffs + stats.num_imports));
 
   const double tokens = decode_tokens_.Value();
   absl::MutexLock lock(&rate_mu_);
+  // The engine keeps running totals; the counters follow them (under the
+  // lock, so two refreshes never add the same delta twice).
+  for (auto [counter, total] :
+       {std::pair{&prefix_query_tokens_, stats.prefix_query_tokens},
+        std::pair{&prefix_hit_tokens_, stats.prefix_hit_tokens},
+        std::pair{&kv_evictions_, stats.kv_evictions}}) {
+    const double delta = static_cast<double>(total) - counter->Value();
+    if (delta > 0) counter->Increment(delta);
+  }
   if (!rate_started_) {
     rate_started_ = true;
     rate_since_ = now;

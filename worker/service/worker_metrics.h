@@ -4,7 +4,16 @@
 //   baton_worker_queued_prefill_tokens          gauge, prompt tokens whose
 //                                               prefill has not finished
 //   baton_worker_running_requests               gauge, running batch size
-//   baton_worker_kv_blocks_used / _free         gauges
+//   baton_worker_kv_blocks_used / _free         gauges (free: held by no
+//                                               request, cached included)
+//   baton_worker_kv_blocks_cached               gauge, free blocks holding
+//                                               a reusable prefix block
+//   baton_worker_prefix_cache_query_tokens_total counter, prompt tokens
+//                                               looked up in the prefix cache
+//   baton_worker_prefix_cache_hit_tokens_total  counter, of those, found
+//                                               (hit rate = hit / query)
+//   baton_worker_kv_evictions_total             counter, cached blocks
+//                                               evicted for room
 //   baton_worker_kv_transfers_active            gauge, handoffs + imports
 //   baton_worker_prefill_tokens_total           counter, prompt tokens
 //                                               prefilled
@@ -94,6 +103,10 @@ class WorkerMetrics {
   prometheus::Gauge& running_requests_;
   prometheus::Gauge& kv_blocks_used_;
   prometheus::Gauge& kv_blocks_free_;
+  prometheus::Gauge& kv_blocks_cached_;
+  prometheus::Counter& prefix_query_tokens_;
+  prometheus::Counter& prefix_hit_tokens_;
+  prometheus::Counter& kv_evictions_;
   prometheus::Gauge& kv_transfers_active_;
   prometheus::Counter& prefill_tokens_;
   prometheus::Counter& decode_tokens_;

@@ -300,6 +300,8 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
             *first->mutable_logprobs() = ToProto(*out.first_token);
           }
           first->set_prefill_ms(MsSince(arrival));
+          first->set_cached_prompt_tokens(
+              static_cast<int32_t>(out.metrics.cached_tokens));
           reactor->Push(std::move(response));
           return;
         }
@@ -389,6 +391,8 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
         *token->mutable_logprobs() = ToProto(out.tokens[0]);
       }
       token->set_prefill_ms(MsSince(local->arrival));
+      token->set_cached_prompt_tokens(
+          static_cast<int32_t>(out.metrics.cached_tokens));
       local->prefill->Push(std::move(first));
       v1::PrefillResponse handoff;
       handoff.mutable_handoff();  // the cache stays here: nothing moved

@@ -177,6 +177,10 @@ class WorkerService final : public v1::Worker::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::GetWorkerStatusRequest* request,
       v1::GetWorkerStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const v1::ResetWorkerPrefixCacheRequest* request,
+      v1::ResetWorkerPrefixCacheResponse* response) override;
 
  private:
   using PrefillReactor = StreamReactor<v1::PrefillResponse>;

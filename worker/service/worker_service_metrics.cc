@@ -1,8 +1,10 @@
 // WorkerService's metrics: gauges from the engine, KV imports measured at
-// the receiver, and stream ends that never reached the engine.
+// the receiver, and stream ends that never reached the engine; and the
+// prefix cache's admin reset.
 #include <utility>
 
 #include "common/metrics/metrics.h"
+#include "common/tsan/annotations.h"
 #include "worker/service/worker_service.h"
 #include "worker/service/worker_service_internal.h"
 
@@ -11,6 +13,15 @@ namespace baton {
 void WorkerService::RefreshMetrics() {
   metrics_->Refresh(engine_->stats(), queued_prefill_tokens_.load(),
                     SteadyClock::now());
+}
+
+grpc::ServerUnaryReactor* WorkerService::ResetPrefixCache(
+    grpc::CallbackServerContext* context,
+    const v1::ResetWorkerPrefixCacheRequest* /*request*/,
+    v1::ResetWorkerPrefixCacheResponse* response) {
+  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  response->set_blocks_dropped(engine_->ResetPrefixCache());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 void WorkerService::RecordEnd(absl::string_view phase,
