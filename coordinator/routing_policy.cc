@@ -64,6 +64,8 @@ absl::StatusOr<std::vector<const WorkerInfo*>> Eligible(
 
 class LeastLoadedPolicy final : public RoutingPolicy {
  public:
+  explicit LeastLoadedPolicy(double prefix_weight)
+      : prefix_weight_(prefix_weight) {}
   absl::string_view name() const override { return "least_loaded"; }
 
   absl::StatusOr<WorkerRef> PickPrefill(const Candidates& candidates,
@@ -71,12 +73,19 @@ class LeastLoadedPolicy final : public RoutingPolicy {
     absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
         EligiblePrefill(candidates, request);
     if (!eligible.ok()) return eligible.status();
+    auto cost = [&](const WorkerInfo* w) {
+      auto it = request.cached_tokens.find(w->ref.id);
+      const int64_t cached = it == request.cached_tokens.end() ? 0 : it->second;
+      return static_cast<double>(w->load.queued_prefill_tokens +
+                                 request.prompt_tokens) -
+             prefix_weight_ * static_cast<double>(cached);
+    };
     // Eligible is in id order, so the first minimum wins ties.
-    const WorkerInfo* best = *std::min_element(
-        eligible->begin(), eligible->end(),
-        [](const WorkerInfo* a, const WorkerInfo* b) {
-          return a->load.queued_prefill_tokens < b->load.queued_prefill_tokens;
-        });
+    const WorkerInfo* best =
+        *std::min_element(eligible->begin(), eligible->end(),
+                          [&](const WorkerInfo* a, const WorkerInfo* b) {
+                            return cost(a) < cost(b);
+                          });
     return best->ref;
   }
 
@@ -92,6 +101,9 @@ class LeastLoadedPolicy final : public RoutingPolicy {
         });
     return best->ref;
   }
+
+ private:
+  const double prefix_weight_;
 };
 
 class RoundRobinPolicy final : public RoutingPolicy {
@@ -124,8 +136,8 @@ class RoundRobinPolicy final : public RoutingPolicy {
 
 }  // namespace
 
-std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy() {
-  return std::make_unique<LeastLoadedPolicy>();
+std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy(double prefix_weight) {
+  return std::make_unique<LeastLoadedPolicy>(prefix_weight);
 }
 
 std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy() {

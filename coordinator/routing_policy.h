@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/types.h"
@@ -35,6 +36,12 @@ struct RequestInfo {
   int64_t max_tokens = 0;
   // Workers not to pick (e.g. decode workers that refused a reservation).
   std::vector<WorkerId> excluded;
+  // The rendered prompt's token ids (prompt_tokens of them), when known;
+  // must outlive the routing call. Cluster fills cached_tokens from it.
+  const std::vector<int32_t>* prompt_ids = nullptr;
+  // Prompt tokens each worker's prefix cache is known to hold (the
+  // coordinator's PrefixIndex); absent: none.
+  absl::flat_hash_map<WorkerId, int64_t> cached_tokens;
 };
 
 // KV blocks a decode worker with `block_size` tokens per block needs for the
@@ -52,9 +59,14 @@ class RoutingPolicy {
                                                const RequestInfo& request) = 0;
 };
 
-// Prefill: least queued prefill tokens. Decode: most free KV blocks among the
-// workers with room. Ties go to the smallest worker id (string order).
-std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy();
+// Prefill: the least work before this request's first token, counted in
+// prompt tokens to compute: queued_prefill_tokens + prompt_tokens -
+// prefix_weight * cached_tokens (with the default weight 1, a token already
+// cached counts exactly as a token of queue saved; 0 ignores the cache;
+// above 1 favours cache hits over balance). Decode: most free KV blocks
+// among the workers with room. Ties go to the smallest worker id (string
+// order).
+std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy(double prefix_weight = 1.0);
 
 // Cycles through the eligible workers in id order, one counter per phase;
 // decode still skips workers without room. For tests and comparison.

@@ -32,7 +32,11 @@ WorkerInfo Worker(absl::string_view id, WorkerRole role, int64_t queued,
 }
 
 RequestInfo Request(int64_t prompt, int64_t max_tokens) {
-  return RequestInfo{kModel, prompt, max_tokens, {}};
+  RequestInfo info;
+  info.model_id = kModel;
+  info.prompt_tokens = prompt;
+  info.max_tokens = max_tokens;
+  return info;
 }
 
 TEST(RoutingPolicyTest, DecodeBlocksNeededRoundsUp) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/types.h"
 #include "worker/kv_cache/kv_layout.h"
+#include "worker/kv_cache/prefix_hash.h"
 
 namespace baton::coordinator {
 
@@ -59,6 +61,8 @@ struct WorkerRegistration {
   KvLayout kv_layout;
   int64_t kv_blocks_total = 0;
   int32_t context_length = 0;
+  // Where its prefix chains start (prefix_hash.h); unset: no prefix cache.
+  std::optional<BlockHash> prefix_root;
 };
 
 // The registry's view of one worker (current incarnation).

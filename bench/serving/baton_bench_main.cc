@@ -33,7 +33,16 @@
 ABSL_FLAG(std::string, server, "", "HOST:PORT of a baton-coordinator");
 ABSL_FLAG(std::string, model, "",
           "model id as the server lists it; empty = the only one served");
-ABSL_FLAG(std::string, dataset_name, "random", "random or sharegpt");
+ABSL_FLAG(std::string, dataset_name, "random",
+          "random, sharegpt or multiturn (conversations resending their "
+          "history every turn: the prefix cache's workload)");
+ABSL_FLAG(int32_t, multiturn_conversations, 32, "multiturn: conversations");
+ABSL_FLAG(int32_t, multiturn_turns, 8, "multiturn: turns per conversation");
+ABSL_FLAG(int32_t, multiturn_system_len, 512,
+          "multiturn: tokens of the system prompt all conversations share");
+ABSL_FLAG(int32_t, multiturn_user_len, 64,
+          "multiturn: tokens of each user message (answers are "
+          "--random-output-len tokens)");
 ABSL_FLAG(std::string, dataset_path, "",
           "sharegpt: the JSON file (a list of {\"conversations\": [...]})");
 ABSL_FLAG(int32_t, num_prompts, 1000, "requests to send");
@@ -144,6 +153,10 @@ int main(int argc, char** argv) {
         absl::StrCat("--vocab-range must be BEGIN:END, got '",
                      absl::GetFlag(FLAGS_vocab_range), "'")));
   }
+  o.multiturn.conversations = absl::GetFlag(FLAGS_multiturn_conversations);
+  o.multiturn.turns = absl::GetFlag(FLAGS_multiturn_turns);
+  o.multiturn.system_len = absl::GetFlag(FLAGS_multiturn_system_len);
+  o.multiturn.user_len = absl::GetFlag(FLAGS_multiturn_user_len);
   o.sharegpt.path = absl::GetFlag(FLAGS_dataset_path);
   o.sharegpt.output_len = absl::GetFlag(FLAGS_sharegpt_output_len);
   o.runner.model = absl::GetFlag(FLAGS_model);

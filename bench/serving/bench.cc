@@ -142,6 +142,19 @@ std::string DefaultFilename(const BenchOptions& o) {
 
 }  // namespace
 
+static MultiTurnOptions MultiTurnFrom(const BenchOptions& o) {
+  MultiTurnOptions m = o.multiturn;
+  m.output_len = o.random.output_len;
+  m.vocab_begin = o.random.vocab_begin;
+  m.vocab_end = o.random.vocab_end;
+  m.max_concurrency = o.runner.max_concurrency;
+  m.seed = o.runner.seed;
+  m.model = o.runner.model;
+  m.request_timeout_s = o.runner.request_timeout_s;
+  m.interrupted = o.runner.interrupted;
+  return m;
+}
+
 absl::Status ValidateBenchOptions(const BenchOptions& o) {
   if (o.server.empty()) {
     return absl::InvalidArgumentError("--server: HOST:PORT is required");
@@ -158,10 +171,12 @@ absl::Status ValidateBenchOptions(const BenchOptions& o) {
           "--num-prompts must be >= 1 and --sharegpt-output-len >= 0, got ",
           o.random.num_prompts, " and ", o.sharegpt.output_len));
     }
+  } else if (o.dataset_name == "multiturn") {
+    BATON_RETURN_IF_ERROR(ValidateMultiTurnOptions(MultiTurnFrom(o)));
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dataset-name must be random or sharegpt, got '",
-                     o.dataset_name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dataset-name must be random, sharegpt or multiturn, got '",
+        o.dataset_name, "'"));
   }
   BATON_RETURN_IF_ERROR(ValidateRunnerOptions(o.runner));
   BATON_RETURN_IF_ERROR(ParseSlo(o.goodput).status());
@@ -204,6 +219,72 @@ absl::Status PinToCpus(const std::string& cpus) {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::StatusOr<BenchOutcome> RunMultiTurnBench(const BenchOptions& options,
+                                               v1::Baton::Stub& stub,
+                                               const v1::ModelInfo& model,
+                                               std::ostream& out,
+                                               std::ostream& err) {
+  MultiTurnOptions m = MultiTurnFrom(options);
+  m.model = model.id();
+  if (model.vocab_size() > 0 && m.vocab_end > model.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab-range: end ", m.vocab_end, " exceeds the vocabulary of '",
+        model.id(), "' (", model.vocab_size(), " tokens)"));
+  }
+  const MultiTurnRun run = RunMultiTurn(stub, m);
+  const nlohmann::json summary = MultiTurnSummary(run);
+  out << FormatMultiTurnSummary(summary) << std::flush;
+  BenchOutcome outcome;
+  outcome.metrics.num_requests = m.conversations * m.turns;
+  outcome.metrics.completed = summary["turns_ok"].get<int>();
+  outcome.metrics.failed = summary["turns_failed"].get<int>();
+  outcome.metrics.not_sent = outcome.metrics.num_requests -
+                             outcome.metrics.completed - outcome.metrics.failed;
+  outcome.run.interrupted = run.interrupted;
+  for (const TurnRecord& r : run.turns) {
+    if (!r.ok) ++outcome.metrics.errors_by_code[r.error.substr(0, 40)];
+  }
+  outcome.config = {{"server", options.server},
+                    {"model", model.id()},
+                    {"dataset_name", "multiturn"},
+                    {"conversations", m.conversations},
+                    {"turns", m.turns},
+                    {"system_len", m.system_len},
+                    {"user_len", m.user_len},
+                    {"output_len", m.output_len},
+                    {"max_concurrency", m.max_concurrency},
+                    {"seed", m.seed}};
+  if (options.save_result) {
+    const std::string name = options.result_filename.empty()
+                                 ? std::string("baton-bench-multiturn.json")
+                                 : options.result_filename;
+    outcome.result_path = absl::StrCat(options.result_dir, "/", name);
+    nlohmann::json turns = nlohmann::json::array();
+    for (const TurnRecord& r : run.turns) {
+      turns.push_back({{"conversation", r.conversation},
+                       {"turn", r.turn},
+                       {"ok", r.ok},
+                       {"error", r.error},
+                       {"ttft_ms", r.ttft_ms},
+                       {"e2e_ms", r.e2e_ms},
+                       {"prompt_tokens", r.prompt_tokens},
+                       {"cached_tokens", r.cached_tokens},
+                       {"completion_tokens", r.completion_tokens},
+                       {"kv_transfer_bytes", r.kv_transfer_bytes},
+                       {"prefill_worker", r.prefill_worker}});
+    }
+    BATON_RETURN_IF_ERROR(WriteJsonFile(
+        {{"config", outcome.config}, {"summary", summary}, {"turns", turns}},
+        outcome.result_path));
+    err << "results saved to " << outcome.result_path << "\n";
+  }
+  return outcome;
+}
+
+}  // namespace
+
 absl::StatusOr<BenchOutcome> RunBench(const BenchOptions& options,
                                       std::ostream& out, std::ostream& err) {
   BATON_RETURN_IF_ERROR(ValidateBenchOptions(options));
@@ -225,6 +306,9 @@ absl::StatusOr<BenchOutcome> RunBench(const BenchOptions& options,
   BATON_ASSIGN_OR_RETURN(const v1::ModelInfo model,
                          ChooseModel(*stub, options.runner.model));
 
+  if (options.dataset_name == "multiturn") {
+    return RunMultiTurnBench(options, *stub, model, out, err);
+  }
   std::vector<BenchPrompt> prompts;
   if (options.dataset_name == "random") {
     if (model.vocab_size() > 0 &&

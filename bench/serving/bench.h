@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "bench/serving/dataset.h"
 #include "bench/serving/metrics.h"
+#include "bench/serving/multiturn.h"
 #include "bench/serving/runner.h"
 #include "common/auth/bearer_interceptor.h"
 #include "nlohmann/json.hpp"
@@ -24,8 +25,11 @@ struct BenchOptions {
   std::string server;
   // TLS and API key (plaintext, no key by default).
   ClientSecurity security;
-  // "random" or "sharegpt".
+  // "random", "sharegpt" or "multiturn".
   std::string dataset_name = "random";
+  // multiturn: the conversations (output_len, vocabulary, concurrency,
+  // seed, model and timeout are taken from `random` and `runner`).
+  MultiTurnOptions multiturn;
   // random: every field; sharegpt: num_prompts is taken from here too.
   RandomDatasetOptions random;
   // sharegpt: path, output_len and the length bounds.

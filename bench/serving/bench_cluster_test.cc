@@ -1,11 +1,13 @@
 // baton-bench against a real cluster of processes (two colocated workers
 // with the default model): every request completes with exactly the
-// requested number of tokens.
+// requested number of tokens; the multi-turn workload hits the prefix cache.
+#include <fstream>
 #include <sstream>
 
 #include "absl/time/time.h"
 #include "bench/serving/bench.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster/local_cluster.h"
 
 namespace baton::bench {
@@ -44,6 +46,56 @@ TEST(BenchClusterTest, RandomWorkloadCompletesWithExactLengths) {
     EXPECT_FALSE(r.decode_worker.empty());
   }
   EXPECT_EQ(outcome->metrics.output_len_mismatches, 0);
+  EXPECT_TRUE((*cluster)->WaitAllFree(absl::Seconds(10)).ok());
+}
+
+// Conversations resending their history to one colocated worker: every
+// later turn reuses at least the shared system prompt's full blocks, and
+// the result file lists every turn.
+TEST(BenchClusterTest, MultiTurnLaterTurnsHitThePrefixCache) {
+  baton::testing::LocalClusterOptions cluster_options;
+  cluster_options.prefill = 0;
+  cluster_options.decode = 0;
+  cluster_options.both = 1;
+  auto cluster = baton::testing::LocalCluster::Start(cluster_options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  BenchOptions o;
+  o.server = (*cluster)->address();
+  o.dataset_name = "multiturn";
+  o.multiturn.conversations = 3;
+  o.multiturn.turns = 3;
+  o.multiturn.system_len = 40;
+  o.multiturn.user_len = 8;
+  o.random.output_len = 4;
+  o.runner.max_concurrency = 2;
+  o.runner.request_timeout_s = 120;
+  o.save_result = true;
+  o.result_dir = ::testing::TempDir();
+  o.result_filename = "multiturn.json";
+  std::ostringstream out, err;
+  auto outcome = RunBench(o, out, err);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  std::printf("%s", out.str().c_str());
+  EXPECT_EQ(OutcomeProblem(*outcome), "");
+  EXPECT_EQ(OutcomeExitCode(*outcome), 0);
+  std::ifstream file(outcome->result_path);
+  const nlohmann::json result = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_FALSE(result.is_discarded());
+  ASSERT_EQ(result["turns"].size(), 9u);
+  for (const nlohmann::json& t : result["turns"]) {
+    SCOPED_TRACE(t.dump());
+    EXPECT_TRUE(t["ok"].get<bool>());
+    EXPECT_EQ(t["completion_tokens"], 4);
+    const int turn = t["turn"].get<int>();
+    // Prompt: system + turn x (user) + (turn - 1) x (answer).
+    EXPECT_EQ(t["prompt_tokens"], 40 + turn * 8 + (turn - 1) * 4);
+    if (turn > 1) {
+      EXPECT_GE(t["cached_tokens"].get<int>(), 32);
+    }
+  }
+  EXPECT_GT(
+      result["summary"]["later_turns"]["cached_tokens_mean"].get<double>(), 32);
   EXPECT_TRUE((*cluster)->WaitAllFree(absl::Seconds(10)).ok());
 }
 

@@ -51,7 +51,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
   }
   std::unique_ptr<RoutingPolicy> policy;
   if (options.policy == "least_loaded") {
-    policy = NewLeastLoadedPolicy();
+    if (!(options.prefix_weight >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefix_weight: ", options.prefix_weight, " must be >= 0"));
+    }
+    policy = NewLeastLoadedPolicy(options.prefix_weight);
   } else if (options.policy == "round_robin") {
     policy = NewRoundRobinPolicy();
   } else {
@@ -192,6 +196,34 @@ void Cluster::AddDecodeBlocks(const WorkerId& worker, int64_t blocks) {
   if ((decode_blocks_[worker] += blocks) <= 0) decode_blocks_.erase(worker);
 }
 
+void Cluster::FillCachedTokens(const Candidates& pool,
+                               RequestInfo* request) const {
+  if (request->prompt_ids == nullptr || request->prompt_ids->empty()) return;
+  const std::vector<int32_t>& prompt = *request->prompt_ids;
+  // One chain per (root, block size): workers of one model share it.
+  std::vector<std::pair<std::pair<BlockHash, int64_t>, std::vector<BlockHash>>>
+      chains;
+  for (const WorkerInfo& w : pool) {
+    if (!w.registration.prefix_root.has_value()) continue;
+    const int64_t block_size = w.registration.kv_layout.block_size;
+    if (block_size < 1) continue;
+    const auto key = std::pair(*w.registration.prefix_root, block_size);
+    auto it = std::find_if(chains.begin(), chains.end(),
+                           [&](const auto& c) { return c.first == key; });
+    if (it == chains.end()) {
+      std::vector<BlockHash> chain;
+      // Workers never share the block of the last prompt token.
+      ExtendBlockHashes(key.first, prompt, block_size,
+                        (static_cast<int64_t>(prompt.size()) - 1) / block_size,
+                        &chain);
+      chains.emplace_back(key, std::move(chain));
+      it = chains.end() - 1;
+    }
+    const int64_t blocks = prefix_index_.MatchLength(w.ref.id, it->second);
+    if (blocks > 0) request->cached_tokens[w.ref.id] = blocks * block_size;
+  }
+}
+
 absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
                                                  const RequestInfo& request) {
   absl::MutexLock claim(&claim_mu_);
@@ -199,7 +231,9 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
   for (WorkerInfo& w : RoutingCandidates()) {
     if (w.registration.role == role) pool.push_back(std::move(w));
   }
-  absl::StatusOr<WorkerRef> picked = policy_->PickPrefill(pool, request);
+  RequestInfo info = request;
+  FillCachedTokens(pool, &info);
+  absl::StatusOr<WorkerRef> picked = policy_->PickPrefill(pool, info);
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : pool) {
     if (w.ref == *picked) {

@@ -29,6 +29,7 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/clock.h"
+#include "coordinator/prefix_index.h"
 #include "coordinator/request_state_machine.h"
 #include "coordinator/routing_policy.h"
 #include "coordinator/service/coordinator_metrics.h"
@@ -46,6 +47,9 @@ struct ClusterOptions {
   WorkerRegistryOptions registry;
   // "least_loaded" (default) or "round_robin".
   std::string policy = "least_loaded";
+  // least_loaded's weight of a prompt token found in a worker's prefix
+  // cache against a prompt token queued there (routing_policy.h); >= 0.
+  double prefix_weight = 1.0;
   // How often leases, deadlines and transfers are checked.
   absl::Duration sweep_interval = absl::Milliseconds(50);
   // How long a request may wait for a decode worker with room before it
@@ -113,6 +117,8 @@ class Cluster {
   const Clock& clock() const { return *clock_; }
   const ServedModel& model() const { return *model_; }
   WorkerRegistry& registry() { return *registry_; }
+  // What each worker's prefix cache holds, from its heartbeats.
+  PrefixIndex& prefix_index() { return prefix_index_; }
   RequestStateMachine& requests() { return requests_; }
   RoutingPolicy& policy() { return *policy_; }
   // The coordinator's Prometheus metrics (healthy workers are refreshed
@@ -163,6 +169,9 @@ class Cluster {
   void Sweep();
 
  private:
+  // Sets request->cached_tokens for the pool's workers from the prefix
+  // index and request->prompt_ids.
+  void FillCachedTokens(const Candidates& pool, RequestInfo* request) const;
   Cluster(const ClusterOptions& options, std::unique_ptr<ServedModel> model,
           const Clock* clock, std::unique_ptr<WorkerRegistry> registry,
           std::unique_ptr<RoutingPolicy> policy);
@@ -173,6 +182,7 @@ class Cluster {
   const Clock* const clock_;
   const std::unique_ptr<ServedModel> model_;
   const std::unique_ptr<WorkerRegistry> registry_;
+  PrefixIndex prefix_index_;
   const std::unique_ptr<RoutingPolicy> policy_;
   RequestStateMachine requests_;
   const std::unique_ptr<CoordinatorMetrics> metrics_;

@@ -55,6 +55,11 @@ ABSL_FLAG(std::string, control_listen, "127.0.0.1:50052",
           "never served on --listen");
 ABSL_FLAG(std::string, model, "",
           "GGUF file or HF folder of the served model (tokenizer and limits)");
+ABSL_FLAG(double, prefix_weight, 1.0,
+          "least_loaded prefill routing: worker cost = queued prompt tokens "
+          "+ this prompt's tokens - prefix_weight x the tokens of it the "
+          "worker's prefix cache holds (1: a cached token saves what a "
+          "queued one costs; 0: ignore the cache)");
 ABSL_FLAG(std::string, policy, "least_loaded", "least_loaded or round_robin");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "workers heartbeat this often");
 ABSL_FLAG(int64_t, lease_ttl_ms, 3000,
@@ -163,6 +168,7 @@ int Main() {
   const std::string model_id = (*model)->id();
   ClusterOptions options;
   options.policy = absl::GetFlag(FLAGS_policy);
+  options.prefix_weight = absl::GetFlag(FLAGS_prefix_weight);
   options.coordinator_id = absl::GetFlag(FLAGS_coordinator_id);
   if (options.coordinator_id.size() > 64 ||
       !std::all_of(options.coordinator_id.begin(), options.coordinator_id.end(),

@@ -121,8 +121,18 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
   registration.kv_layout = *layout;
   registration.kv_blocks_total = request->kv_blocks_total();
   registration.context_length = request->context_length();
+  if (!request->prefix_root().empty()) {
+    if (request->prefix_root().size() != 16) {
+      return Finish(context, absl::InvalidArgumentError(absl::StrCat(
+                                 "prefix_root: must be 16 bytes, got ",
+                                 request->prefix_root().size())));
+    }
+    registration.prefix_root = HashFromBytes(request->prefix_root());
+  }
   auto ref = cluster_->registry().Register(registration);
   if (!ref.ok()) return Finish(context, ref.status());
+  // A new registration starts from the snapshot its first heartbeat sends.
+  cluster_->prefix_index().Forget(ref->id);
   const WorkerRegistryOptions& options = cluster_->registry().options();
   response->set_worker_id(ref->id);
   response->set_epoch(ref->epoch);
@@ -136,6 +146,29 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
       request->address().c_str(),
       static_cast<long long>(request->kv_blocks_total()));
   return Finish(context, absl::OkStatus());
+}
+
+void ControlPlaneService::ApplyPrefixCacheEvents(
+    const WorkerRef& ref, const v1::PrefixCacheEvents& events) {
+  if (!events.snapshot() && events.stored().empty() &&
+      events.removed().empty()) {
+    return;
+  }
+  auto stored = UnpackHashes(events.stored());
+  auto removed = UnpackHashes(events.removed());
+  if (!stored.ok() || !removed.ok()) {
+    // The lease stands; only the routing hint is lost until the worker's
+    // next registration.
+    std::fprintf(
+        stderr,
+        "baton-coordinator: %s sent bad prefix cache events (%s); "
+        "forgetting its cache\n",
+        WorkerRefString(ref).c_str(),
+        (!stored.ok() ? stored.status() : removed.status()).ToString().c_str());
+    cluster_->prefix_index().Forget(ref.id);
+    return;
+  }
+  cluster_->prefix_index().Apply(ref.id, events.snapshot(), *stored, *removed);
 }
 
 grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
@@ -152,6 +185,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
   }
   response->set_lease_ttl_ms(
       absl::ToDoubleMilliseconds(cluster_->registry().options().lease_ttl));
+  ApplyPrefixCacheEvents(ref, request->prefix_cache());
   for (std::string& id : cluster_->requests().Orphans(ref, leased)) {
     response->add_orphaned_request_ids(std::move(id));
   }
@@ -184,7 +218,10 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
     return Finish(context, status);
   }
   absl::Status status = cluster_->registry().Remove(ref, "deregistered");
-  if (status.ok()) cluster_->Sweep();  // fail its requests now
+  if (status.ok()) {
+    cluster_->prefix_index().Forget(ref.id);
+    cluster_->Sweep();  // fail its requests now
+  }
   return Finish(context, status);
 }
 
@@ -311,6 +348,8 @@ grpc::ServerUnaryReactor* BatonService::GetClusterStatus(
         absl::ToDoubleMilliseconds(now - w.last_heartbeat));
     status->set_epoch(w.ref.epoch);
     status->set_active_requests(active[w.ref.id]);
+    status->set_prefix_cache_blocks(
+        cluster_->prefix_index().NumBlocks(w.ref.id));
   }
   response->set_active_requests(cluster_->active_calls());
   return Finish(context, absl::OkStatus());

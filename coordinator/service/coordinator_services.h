@@ -38,6 +38,9 @@ class ControlPlaneService final : public v1::Coordinator::CallbackService {
       v1::DeregisterWorkerResponse* response) override;
 
  private:
+  // Follows the worker's prefix cache in the cluster's PrefixIndex.
+  void ApplyPrefixCacheEvents(const WorkerRef& ref,
+                              const v1::PrefixCacheEvents& events);
   Cluster* const cluster_;
 };
 

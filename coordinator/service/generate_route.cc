@@ -16,6 +16,7 @@ absl::Status GenerateCall::Route() {
   info.model_id = model_id;
   info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   info.max_tokens = job_.sampling.max_tokens();
+  info.prompt_ids = &job_.prompt;
   // A migrating request avoids the decode workers that failed it.
   const std::vector<WorkerId> failed_decode = StillExcluded(excluded_decode_);
   info.excluded = failed_decode;

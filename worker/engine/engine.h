@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -209,9 +210,25 @@ class Engine {
   // Reserved imports are freed by the destructor.
   void Shutdown(const absl::Status& reason);
 
+  // Thread-safe. What changed in the prefix cache after event `after` (at
+  // most max_events hashes), or with no `after`, or when the log no longer
+  // reaches back that far, a snapshot: every published hash (at most
+  // max_events of them; the rest are left out, which only costs a routing
+  // hint).
+  struct PrefixCacheEvents {
+    bool snapshot = false;
+    // The snapshot's hashes, or those whose last event was a publish.
+    std::vector<BlockHash> stored;
+    // Those whose last event was an eviction or reset (not in snapshots).
+    std::vector<BlockHash> removed;
+    uint64_t last_seq = 0;  // pass as `after` next time
+  };
+  PrefixCacheEvents PrefixCacheEventsSince(std::optional<uint64_t> after,
+                                           size_t max_events);
   // Thread-safe. Forgets every cached prefix (blocks in use stay with their
   // requests, unshared from then on); returns how many blocks it dropped.
   int64_t ResetPrefixCache();
+  bool prefix_cache_enabled() const { return options_.prefix_cache; }
   // The hash every request's block 0 chains from (prefix_hash.h).
   const BlockHash& prefix_root() const { return prefix_root_; }
   // One engine iteration; returns false if there was nothing to do.

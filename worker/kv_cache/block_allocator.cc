@@ -94,6 +94,7 @@ int32_t BlockAllocator::TakeBlock() {
     index_.erase(hashes_[static_cast<size_t>(block)]);
     published_[static_cast<size_t>(block)] = false;
     ++evictions_;
+    Record(hashes_[static_cast<size_t>(block)], /*stored=*/false);
   }
   BATON_CHECK_EQ(ref_counts_[static_cast<size_t>(block)], 0);
   ref_counts_[static_cast<size_t>(block)] = 1;
@@ -220,13 +221,38 @@ bool BlockAllocator::Publish(const BlockTable& table, int64_t index,
   published_[static_cast<size_t>(block)] = true;
   hashes_[static_cast<size_t>(block)] = hash;
   index_.emplace(hash, block);
+  Record(hash, /*stored=*/true);
   return true;
+}
+
+void BlockAllocator::Record(const BlockHash& hash, bool stored) {
+  events_.push_back({next_event_seq_++, hash, stored});
+  while (events_.size() > event_capacity_) events_.pop_front();
+}
+
+bool BlockAllocator::EventsSince(uint64_t after, size_t max,
+                                 std::vector<KvCacheEvent>* out) const {
+  if (after >= last_event_seq()) return true;
+  if (events_.empty() || events_.front().seq > after + 1) return false;
+  const size_t first = static_cast<size_t>(after + 1 - events_.front().seq);
+  for (size_t i = first; i < events_.size() && max > 0; ++i, --max) {
+    out->push_back(events_[i]);
+  }
+  return true;
+}
+
+std::vector<BlockHash> BlockAllocator::PublishedHashes() const {
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (const auto& [hash, block] : index_) out.push_back(hash);
+  return out;
 }
 
 int64_t BlockAllocator::ResetPrefixCache() {
   const int64_t dropped = static_cast<int64_t>(index_.size());
   for (const auto& [hash, block] : index_) {
     published_[static_cast<size_t>(block)] = false;
+    Record(hash, /*stored=*/false);
     if (ref_counts_[static_cast<size_t>(block)] == 0) {
       LruRemove(block);
       PushFree(block);

@@ -18,6 +18,7 @@
 #define BATON_WORKER_KV_CACHE_BLOCK_ALLOCATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,13 @@
 #include "worker/kv_cache/prefix_hash.h"
 
 namespace baton {
+
+// A change to the set of published blocks, numbered from 1 in order.
+struct KvCacheEvent {
+  uint64_t seq = 0;
+  BlockHash hash;
+  bool stored = false;  // true: published; false: evicted or reset
+};
 
 class BlockAllocator {
  public:
@@ -93,6 +101,19 @@ class BlockAllocator {
   // Unpublishes every block (cached ones become empty); returns how many.
   int64_t ResetPrefixCache();
 
+  // --- Cache events (what a coordinator's prefix index follows) ---
+  // The last `event_log_capacity` events are kept.
+  void set_event_log_capacity(size_t capacity) { event_capacity_ = capacity; }
+  // Number of the latest event (0: none yet).
+  uint64_t last_event_seq() const { return next_event_seq_ - 1; }
+  // Appends to *out the events numbered after `after`, at most `max`; false
+  // (appending nothing) if the log no longer holds all of them: the reader
+  // then starts over from PublishedHashes() as of last_event_seq().
+  bool EventsSince(uint64_t after, size_t max,
+                   std::vector<KvCacheEvent>* out) const;
+  // Every published hash (the state all events so far add up to).
+  std::vector<BlockHash> PublishedHashes() const;
+
   // --- Checks for tests ---
   // The lists hold each block at most once, in range; a block is on the
   // free list iff it is empty and on the cached list iff it is cached; the
@@ -115,6 +136,7 @@ class BlockAllocator {
   void LruPushBack(int32_t block);
   void LruRemove(int32_t block);
   int64_t CachedAmong(std::span<const BlockHash> prefix) const;
+  void Record(const BlockHash& hash, bool stored);
 
   int64_t num_blocks_;
   int64_t block_size_;
@@ -137,6 +159,9 @@ class BlockAllocator {
   std::vector<bool> published_;
   absl::flat_hash_map<BlockHash, int32_t> index_;
   int64_t evictions_ = 0;
+  std::deque<KvCacheEvent> events_;
+  size_t event_capacity_ = 1 << 16;
+  uint64_t next_event_seq_ = 1;
 };
 
 }  // namespace baton

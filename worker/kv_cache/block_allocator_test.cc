@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -72,6 +73,19 @@ TEST(PrefixHashTest, ChainsDependOnEveryEarlierTokenAndTheRoot) {
   EXPECT_EQ(PrefixRootHash("").ToHex().size(), 32u);
   EXPECT_EQ(HashBlock(BlockHash{}, std::vector<int32_t>{0, 1, 2, 3}).ToHex(),
             HashBlock(BlockHash{}, std::vector<int32_t>{0, 1, 2, 3}).ToHex());
+}
+
+TEST(PrefixHashTest, PackedHashesRoundTripAndBadLengthsAreErrors) {
+  const std::vector<BlockHash> hashes = Chain(std::vector<int32_t>(12, 5));
+  const std::string packed = PackHashes(hashes);
+  EXPECT_EQ(packed.size(), 48u);
+  absl::StatusOr<std::vector<BlockHash>> back = UnpackHashes(packed);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, hashes);
+  EXPECT_EQ(HashFromBytes(packed.substr(0, 16)).ToHex(), hashes[0].ToHex());
+  absl::StatusOr<std::vector<BlockHash>> bad = UnpackHashes(packed.substr(1));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("47"));
 }
 
 TEST(BlockAllocatorTest, FreedPublishedBlocksAreCachedAndShared) {
@@ -161,6 +175,40 @@ TEST(BlockAllocatorTest, ResetUnpublishesHeldBlocksWithoutFreeingThem) {
   a.Free(t);
   EXPECT_EQ(a.num_blocks_empty(), 4);
   ExpectConsistent(a, {});
+}
+
+TEST(BlockAllocatorTest, EventsFollowPublishEvictAndReset) {
+  BlockAllocator a(2, kBlockSize);
+  a.set_event_log_capacity(3);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<BlockHash> hashes = Chain(prompt);
+  BlockTable t;
+  FillAndPublish(a, t, prompt);
+  a.Free(t);
+  EXPECT_EQ(a.last_event_seq(), 2u);
+  std::vector<KvCacheEvent> events;
+  ASSERT_TRUE(a.EventsSince(0, 10, &events));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events[0].stored && events[0].hash == hashes[0]);
+  EXPECT_TRUE(events[1].stored && events[1].hash == hashes[1]);
+  BlockTable other;
+  ASSERT_TRUE(a.Reserve(other, 4).ok());  // evicts block 1 (the tail)
+  events.clear();
+  ASSERT_TRUE(a.EventsSince(2, 10, &events));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq, 3u);
+  EXPECT_FALSE(events[0].stored);
+  EXPECT_TRUE(events[0].hash == hashes[1]);
+  EXPECT_EQ(a.PublishedHashes(), std::vector<BlockHash>{hashes[0]});
+  a.ResetPrefixCache();
+  a.Free(other);
+  events.clear();
+  ASSERT_TRUE(a.EventsSince(3, 1, &events));  // at most one
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_FALSE(events[0].stored);
+  // Event 1 fell out of a log of 3: the reader must start over.
+  EXPECT_FALSE(a.EventsSince(0, 10, &events));
+  EXPECT_TRUE(a.PublishedHashes().empty());
 }
 
 // Random reserve / publish / acquire / free / reset over a small pool with

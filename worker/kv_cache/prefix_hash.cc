@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 
@@ -77,6 +78,45 @@ void ExtendBlockHashes(const BlockHash& root, std::span<const int32_t> tokens,
         HashBlock(parent, tokens.subspan(static_cast<size_t>(i * block_size),
                                          static_cast<size_t>(block_size))));
   }
+}
+
+std::string PackHashes(std::span<const BlockHash> hashes) {
+  std::string out(hashes.size() * 16, '\0');
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    for (int b = 0; b < 8; ++b) {
+      out[i * 16 + static_cast<size_t>(b)] =
+          static_cast<char>(hashes[i].hi >> (56 - 8 * b));
+      out[i * 16 + 8 + static_cast<size_t>(b)] =
+          static_cast<char>(hashes[i].lo >> (56 - 8 * b));
+    }
+  }
+  return out;
+}
+
+BlockHash HashFromBytes(std::string_view bytes) {
+  BATON_CHECK_EQ(bytes.size(), 16u);
+  BlockHash h;
+  for (int b = 0; b < 8; ++b) {
+    h.hi =
+        (h.hi << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(b)]);
+    h.lo = (h.lo << 8) |
+           static_cast<unsigned char>(bytes[static_cast<size_t>(8 + b)]);
+  }
+  return h;
+}
+
+absl::StatusOr<std::vector<BlockHash>> UnpackHashes(std::string_view bytes) {
+  if (bytes.size() % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed block hashes must be a multiple of 16 bytes, got ",
+                     bytes.size()));
+  }
+  std::vector<BlockHash> out;
+  out.reserve(bytes.size() / 16);
+  for (size_t i = 0; i < bytes.size(); i += 16) {
+    out.push_back(HashFromBytes(bytes.substr(i, 16)));
+  }
+  return out;
 }
 
 }  // namespace baton

@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace baton {
 
 struct BlockHash {
@@ -48,6 +50,12 @@ BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens);
 void ExtendBlockHashes(const BlockHash& root, std::span<const int32_t> tokens,
                        int64_t block_size, int64_t max_blocks,
                        std::vector<BlockHash>* hashes);
+
+// Hashes as bytes for the wire: 16 bytes each, hi then lo, big-endian.
+std::string PackHashes(std::span<const BlockHash> hashes);
+BlockHash HashFromBytes(std::string_view bytes);  // REQUIRES: 16 bytes
+// InvalidArgument naming the length unless it is a multiple of 16.
+absl::StatusOr<std::vector<BlockHash>> UnpackHashes(std::string_view bytes);
 
 }  // namespace baton
 

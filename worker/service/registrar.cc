@@ -191,6 +191,7 @@ void Registrar::Run() {
       last_heartbeat_ok_ = absl::Now();
       unreachable_.store(false);
       service_->SetWorkerRef(worker_id_, request_.address());
+      prefix_events_acked_.reset();
       drain_told_ = false;
       Log(absl::StrCat("registered as ", worker_id_, " epoch ", epoch_));
       if (on_registered_) on_registered_();
@@ -203,6 +204,9 @@ void Registrar::Run() {
     for (const std::string& id : OwnLeases()) {
       heartbeat.add_leased_request_ids(id);
     }
+    uint64_t prefix_events_sent = 0;
+    *heartbeat.mutable_prefix_cache() =
+        service_->PrefixCacheEvents(prefix_events_acked_, &prefix_events_sent);
     v1::HeartbeatResponse response;
     grpc::ClientContext context;
     SetDeadline(&context);
@@ -219,6 +223,7 @@ void Registrar::Run() {
     }
     if (status.ok()) {
       last_heartbeat_ok_ = absl::Now();
+      prefix_events_acked_ = prefix_events_sent;
     } else {
       Log(absl::StrCat("heartbeat failed (", status.error_message(), ")"));
       if (absl::Now() - last_heartbeat_ok_ >= lease_ttl_) {

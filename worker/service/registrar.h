@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,6 +100,9 @@ class Registrar {
   bool drain_told_ = false;  // for this registration
   std::string worker_id_;    // empty until registered
   uint64_t epoch_ = 0;
+  // The last prefix cache event this coordinator has (none: it gets a
+  // snapshot with the next heartbeat; reset by every registration).
+  std::optional<uint64_t> prefix_events_acked_;
   std::string coordinator_id_;  // the replica's, from its registration
   absl::Duration interval_ = absl::Milliseconds(500);
   // Heartbeats failing for this long: the coordinator has taken this

@@ -442,6 +442,10 @@ int Main() {
     request.set_model_id(options.model_id);
     *request.mutable_kv_layout() = ToProto((*engine)->kv_cache().layout());
     request.set_kv_blocks_total((*engine)->stats().kv_blocks_total);
+    if ((*engine)->prefix_cache_enabled()) {
+      const BlockHash root = (*engine)->prefix_root();
+      request.set_prefix_root(PackHashes({&root, 1}));
+    }
     if (!options.kv_device.empty()) {
       request.add_kv_transports(v1::KV_TRANSPORT_CUDA_IPC);
       request.add_kv_transports(v1::KV_TRANSPORT_NCCL);

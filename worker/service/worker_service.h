@@ -140,6 +140,12 @@ class WorkerService final : public v1::Worker::CallbackService {
   void SetWorkerRef(const std::string& worker_id, const std::string& address);
   // Load right now, as heartbeats and GetWorkerStatus report it.
   v1::WorkerLoad Load();
+  // The prefix cache's changes for one coordinator (Engine::
+  // PrefixCacheEventsSince), at most kMaxPrefixCacheEvents hashes, packed
+  // for a heartbeat; *last_seq becomes what to pass as `after` next time.
+  static constexpr size_t kMaxPrefixCacheEvents = 65536;
+  v1::PrefixCacheEvents PrefixCacheEvents(std::optional<uint64_t> after,
+                                          uint64_t* last_seq);
   // Requests holding (or about to hold) blocks here. With `owner`: only
   // those the coordinator replica `owner` took, and those taken without a
   // coordinator_id (PrefillRequest / ReserveKvRequest.coordinator_id).

@@ -24,6 +24,19 @@ grpc::ServerUnaryReactor* WorkerService::ResetPrefixCache(
   return FinishUnary(context, absl::OkStatus());
 }
 
+v1::PrefixCacheEvents WorkerService::PrefixCacheEvents(
+    std::optional<uint64_t> after, uint64_t* last_seq) {
+  v1::PrefixCacheEvents out;
+  if (!engine_->prefix_cache_enabled()) return out;
+  Engine::PrefixCacheEvents events =
+      engine_->PrefixCacheEventsSince(after, kMaxPrefixCacheEvents);
+  out.set_snapshot(events.snapshot);
+  out.set_stored(PackHashes(events.stored));
+  out.set_removed(PackHashes(events.removed));
+  *last_seq = events.last_seq;
+  return out;
+}
+
 void WorkerService::RecordEnd(absl::string_view phase,
                               const absl::Status& status) {
   metrics_->OnRequestEnded(phase, metrics::StatusCodeLabel(status.code()));

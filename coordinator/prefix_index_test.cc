@@ -1,0 +1,75 @@
+// The coordinator's prefix index and how least_loaded weighs cached
+// prefixes against queued work.
+#include "coordinator/prefix_index.h"
+
+#include <vector>
+
+#include "coordinator/routing_policy.h"
+#include "gtest/gtest.h"
+
+namespace baton::coordinator {
+namespace {
+
+std::vector<BlockHash> Chain(int first_token, int blocks) {
+  std::vector<int32_t> tokens(static_cast<size_t>(blocks) * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = first_token + static_cast<int32_t>(i);
+  }
+  std::vector<BlockHash> chain;
+  ExtendBlockHashes(PrefixRootHash("m"), tokens, 16, blocks, &chain);
+  return chain;
+}
+
+TEST(PrefixIndexTest, SnapshotsDeltasAndForget) {
+  PrefixIndex index;
+  const std::vector<BlockHash> a = Chain(0, 4);
+  const std::vector<BlockHash> b = Chain(1000, 2);
+  EXPECT_EQ(index.MatchLength("w1", a), 0);
+  index.Apply("w1", /*snapshot=*/true, std::span(a).first(3), {});
+  EXPECT_EQ(index.MatchLength("w1", a), 3);
+  EXPECT_EQ(index.MatchLength("w2", a), 0);
+  // A delta: block 1 evicted, block 3 stored; the match stops at the gap.
+  index.Apply("w1", false, std::span(a).subspan(3, 1),
+              std::span(a).subspan(1, 1));
+  EXPECT_EQ(index.MatchLength("w1", a), 1);
+  EXPECT_EQ(index.NumBlocks("w1"), 3);
+  // A snapshot replaces everything.
+  index.Apply("w1", true, b, {});
+  EXPECT_EQ(index.MatchLength("w1", a), 0);
+  EXPECT_EQ(index.MatchLength("w1", b), 2);
+  index.Forget("w1");
+  EXPECT_EQ(index.NumBlocks("w1"), 0);
+}
+
+WorkerInfo Both(const char* id, int64_t queued) {
+  WorkerInfo w;
+  w.ref = WorkerRef{id, 1};
+  w.registration.role = WorkerRole::kBoth;
+  w.registration.model_id = "m";
+  w.registration.kv_layout.block_size = 16;
+  w.registration.kv_blocks_total = 100;
+  w.load.queued_prefill_tokens = queued;
+  w.load.kv_blocks_free = 100;
+  w.load.kv_blocks_total = 100;
+  return w;
+}
+
+TEST(PrefixIndexTest, LeastLoadedWeighsCachedTokensAgainstQueuedOnes) {
+  // w2 holds 96 of the prompt's 100 tokens but has 50 queued: with weight
+  // 1 its cost is 50 + 100 - 96 = 54 against w1's 10 + 100 = 110.
+  const Candidates c = {Both("w1", 10), Both("w2", 50)};
+  RequestInfo request;
+  request.model_id = "m";
+  request.prompt_tokens = 100;
+  request.max_tokens = 10;
+  request.cached_tokens["w2"] = 96;
+  EXPECT_EQ(NewLeastLoadedPolicy(1.0)->PickPrefill(c, request)->id, "w2");
+  // Weight 0 ignores the cache: the shorter queue wins.
+  EXPECT_EQ(NewLeastLoadedPolicy(0.0)->PickPrefill(c, request)->id, "w1");
+  // A hit smaller than the queue difference does not outweigh it.
+  request.cached_tokens["w2"] = 32;
+  EXPECT_EQ(NewLeastLoadedPolicy(1.0)->PickPrefill(c, request)->id, "w1");
+}
+
+}  // namespace
+}  // namespace baton::coordinator
