@@ -23,6 +23,9 @@
 #   --http_port=N      also serve the OpenAI-compatible HTTP API (0: any free
 #                      port); its address goes to COMMAND as BATON_HTTP
 #   --metrics_port=N   coordinator metrics listener (0: any free port)
+#   --worker_flag=F    pass F to every worker (repeatable), e.g.
+#                      --worker_flag=--prefix_cache=off
+#   --coordinator_flag=F  pass F to the coordinator (repeatable)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
 # BATON_SERVER=HOST:PORT, and BATON_HTTP with --http_port, in its
 # environment), then stops the cluster and
@@ -30,12 +33,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
 PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-COMMAND=()
+COMMAND=() EXTRA_WORKER_FLAGS=() EXTRA_COORDINATOR_FLAGS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --port=*) PORT="${1#*=}" ;;
@@ -49,6 +52,8 @@ while [[ $# -gt 0 ]]; do
     --bin=*) BIN="${1#*=}" ;;
     --http_port=*) HTTP_PORT="${1#*=}" ;;
     --metrics_port=*) METRICS_PORT="${1#*=}" ;;
+    --worker_flag=*) EXTRA_WORKER_FLAGS+=("${1#*=}") ;;
+    --coordinator_flag=*) EXTRA_COORDINATOR_FLAGS+=("${1#*=}") ;;
     --) shift; COMMAND=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "local_cluster: unknown option '$1'" >&2; usage ;;
@@ -107,7 +112,7 @@ listening_address() {
   return 1
 }
 
-COORDINATOR_FLAGS=()
+COORDINATOR_FLAGS=("${EXTRA_COORDINATOR_FLAGS[@]}")
 [[ -n "$HTTP_PORT" ]] && COORDINATOR_FLAGS+=(--http_listen="127.0.0.1:$HTTP_PORT")
 [[ -n "$METRICS_PORT" ]] && COORDINATOR_FLAGS+=(--metrics_listen="127.0.0.1:$METRICS_PORT")
 "$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --control_listen="127.0.0.1:$CONTROL_PORT" \
@@ -142,7 +147,8 @@ for i in "${!ROLES[@]}"; do
   "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
     --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \
-    --coordinator="$CONTROL" >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
+    --coordinator="$CONTROL" "${EXTRA_WORKER_FLAGS[@]}" \
+    >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
   PIDS+=($!)
 done
 for i in "${!ROLES[@]}"; do
