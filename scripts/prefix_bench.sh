@@ -12,13 +12,14 @@
 #     --output_len=N       tokens per answer (default 64)
 #     --concurrency=N      conversations in flight (default 8)
 #     --kv_cache_mib=N     KV pool per worker (default 1024)
+#     --threads=N          compute threads per worker (default 1)
 #     --out=DIR            result JSON files (default a new temp dir)
 #     --bin=DIR            the binaries (default build/bin; built if absent)
 # Prints the host (CPU model, ISA path) and one line per run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHAPES=2C,1P1D CONVERSATIONS=32 TURNS=8 SYSTEM_LEN=512 USER_LEN=64
-OUTPUT_LEN=64 CONCURRENCY=8 KV_MIB=1024 OUT="" BIN="$ROOT/build/bin"
+OUTPUT_LEN=64 CONCURRENCY=8 KV_MIB=1024 THREADS=1 OUT="" BIN="$ROOT/build/bin"
 for arg in "$@"; do
   case "$arg" in
     --shapes=*) SHAPES="${arg#*=}" ;;
@@ -29,6 +30,7 @@ for arg in "$@"; do
     --output_len=*) OUTPUT_LEN="${arg#*=}" ;;
     --concurrency=*) CONCURRENCY="${arg#*=}" ;;
     --kv_cache_mib=*) KV_MIB="${arg#*=}" ;;
+    --threads=*) THREADS="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *) echo "prefix_bench: unknown argument '$arg'" >&2; exit 2 ;;
@@ -42,13 +44,13 @@ fi
 echo "host: $(bash "$ROOT/scripts/host_info.sh" | tail -1)"
 echo "workload: $CONVERSATIONS conversations x $TURNS turns, system $SYSTEM_LEN," \
   "user $USER_LEN, output $OUTPUT_LEN tokens, $CONCURRENCY in flight;" \
-  "KV pool $KV_MIB MiB per worker"
+  "KV pool $KV_MIB MiB and $THREADS threads per worker"
 IFS=, read -r -a shapes <<<"$SHAPES"
 for shape in "${shapes[@]}"; do
   for cache in on off; do
     file="$OUT/$shape-cache-$cache.json"
     bash "$ROOT/scripts/local_cluster.sh" "$shape" --no-build --bin="$BIN" \
-      --kv_cache_mib="$KV_MIB" --worker_flag=--prefix_cache="$cache" -- \
+      --kv_cache_mib="$KV_MIB" --threads="$THREADS" --worker_flag=--prefix_cache="$cache" -- \
       bash -c 'exec "$0" --server="$BATON_SERVER" "$@"' \
       "$BIN/baton-bench" --dataset-name=multiturn \
       --multiturn-conversations="$CONVERSATIONS" --multiturn-turns="$TURNS" \
