@@ -65,9 +65,12 @@ grpc::ServerUnaryReactor* BatonService::ResetPrefixCache(
     absl::MutexLock lock(&fanout->mu);
     fanout->pending = fanout->calls.size();
   }
+  // The last callback deletes the fanout, possibly before this loop ends:
+  // iterate over a copy, never over fanout->calls.
+  std::vector<ResetFanout::Call*> calls;
+  for (const auto& owned : fanout->calls) calls.push_back(owned.get());
   BATON_TSAN_RELEASE(fanout);  // the callbacks run on gRPC threads
-  for (const auto& owned : fanout->calls) {
-    ResetFanout::Call* call = owned.get();
+  for (ResetFanout::Call* call : calls) {
     call->stub->async()->ResetPrefixCache(
         &call->context, &call->request, &call->response,
         [fanout, call](grpc::Status status) {
