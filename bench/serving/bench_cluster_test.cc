@@ -13,12 +13,18 @@
 namespace baton::bench {
 namespace {
 
+// A cluster of `both` colocated workers.
+absl::StatusOr<std::unique_ptr<baton::testing::LocalCluster>> StartColocated(
+    int both) {
+  baton::testing::LocalClusterOptions options;
+  options.prefill = 0;
+  options.decode = 0;
+  options.both = both;
+  return baton::testing::LocalCluster::Start(options);
+}
+
 TEST(BenchClusterTest, RandomWorkloadCompletesWithExactLengths) {
-  baton::testing::LocalClusterOptions cluster_options;
-  cluster_options.prefill = 0;
-  cluster_options.decode = 0;
-  cluster_options.both = 2;
-  auto cluster = baton::testing::LocalCluster::Start(cluster_options);
+  auto cluster = StartColocated(2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
   BenchOptions o;
@@ -53,11 +59,7 @@ TEST(BenchClusterTest, RandomWorkloadCompletesWithExactLengths) {
 // later turn reuses at least the shared system prompt's full blocks, and
 // the result file lists every turn.
 TEST(BenchClusterTest, MultiTurnLaterTurnsHitThePrefixCache) {
-  baton::testing::LocalClusterOptions cluster_options;
-  cluster_options.prefill = 0;
-  cluster_options.decode = 0;
-  cluster_options.both = 1;
-  auto cluster = baton::testing::LocalCluster::Start(cluster_options);
+  auto cluster = StartColocated(1);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
   BenchOptions o;
