@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/serving.h"
+#include "common/status_macros.h"
 
 namespace baton {
 namespace {
@@ -70,6 +71,31 @@ void DrainWorker(int signal_number, absl::Duration timeout,
     pending = in_flight();
   }
   Log("drained; stopping");
+}
+
+absl::Status WarmUp(Engine& engine) {
+  GenerationRequest request;
+  request.id = "warm-up";
+  for (int32_t i = 0; i < 32; ++i) {
+    request.prompt.push_back(i %
+                             static_cast<int32_t>(engine.config().vocab_size));
+  }
+  request.params.temperature = 0.0;
+  request.params.seed = 0;
+  request.params.max_tokens = 2;
+  request.params.ignore_eos = true;
+  absl::Status result = absl::UnknownError("warm-up did not finish");
+  BATON_RETURN_IF_ERROR(
+      engine.Submit(request, [&result](const RequestOutput& out) {
+        if (out.finish_reason == FinishReason::kError) {
+          result = out.error;
+        } else if (out.finish_reason != FinishReason::kNone) {
+          result = absl::OkStatus();
+        }
+      }));
+  engine.RunUntilIdle();
+  engine.ResetPrefixCache();  // the warm-up's prompt is nobody's prefix
+  return result;
 }
 
 }  // namespace baton

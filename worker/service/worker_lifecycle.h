@@ -1,5 +1,5 @@
-// How a worker's process reports its health and stops: the engine-fault
-// watch and the drain on SIGTERM.
+// How a worker's process starts, reports its health and stops: the warm-up,
+// the engine-fault watch and the drain on SIGTERM.
 #ifndef BATON_WORKER_SERVICE_WORKER_LIFECYCLE_H_
 #define BATON_WORKER_SERVICE_WORKER_LIFECYCLE_H_
 
@@ -13,6 +13,11 @@
 #include "worker/service/worker_service.h"
 
 namespace baton {
+
+// One short request before serving: faults in the weights and starts the
+// thread pool, so the first client request does not pay for it; the prefix
+// cache is emptied afterwards.
+absl::Status WarmUp(Engine& engine);
 
 // Turns `health` NOT_SERVING once the engine reports a device fault (polled
 // every 250 ms).

@@ -38,7 +38,6 @@
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
-#include "common/status_macros.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fault_injecting_runner.h"
 #include "worker/engine/model_bundle.h"
@@ -168,32 +167,6 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
 // worker SERVING again.
 std::atomic<bool> stopping{false};
 
-// One short request before serving: faults in the weights and starts the
-// thread pool, so the first client request does not pay for it.
-absl::Status WarmUp(Engine& engine) {
-  GenerationRequest request;
-  request.id = "warm-up";
-  for (int32_t i = 0; i < 32; ++i) {
-    request.prompt.push_back(i %
-                             static_cast<int32_t>(engine.config().vocab_size));
-  }
-  request.params.temperature = 0.0;
-  request.params.seed = 0;
-  request.params.max_tokens = 2;
-  request.params.ignore_eos = true;
-  absl::Status result = absl::UnknownError("warm-up did not finish");
-  BATON_RETURN_IF_ERROR(
-      engine.Submit(request, [&result](const RequestOutput& out) {
-        if (out.finish_reason == FinishReason::kError) {
-          result = out.error;
-        } else if (out.finish_reason != FinishReason::kNone) {
-          result = absl::OkStatus();
-        }
-      }));
-  engine.RunUntilIdle();
-  return result;
-}
-
 int Main() {
   // Signals are taken by WaitForTerminationSignal below.
   BlockTerminationSignals();
@@ -321,7 +294,6 @@ int Main() {
     Log(absl::StrCat("warm-up failed: ", s.ToString()));
     return 1;
   }
-  (*engine)->ResetPrefixCache();  // the warm-up's prompt is nobody's prefix
   FaultPoints::Global().Arm(std::move(*faults));
   const ModelConfig& config = (*engine)->config();
   WorkerServiceOptions options;
