@@ -71,5 +71,25 @@ TEST(PrefixIndexTest, LeastLoadedWeighsCachedTokensAgainstQueuedOnes) {
   EXPECT_EQ(NewLeastLoadedPolicy(1.0)->PickPrefill(c, request)->id, "w1");
 }
 
+TEST(PrefixIndexTest, DecodeGoesWhereThePromptIsUnlessRoomOutweighsIt) {
+  // w1 has 10 more free blocks; w2 holds 6 blocks (96 tokens) of the
+  // prompt: 90 + 6 < 100 + 0 with weight 1, so room wins...
+  Candidates c = {Both("w1", 0), Both("w2", 0)};
+  c[1].load.kv_blocks_free = 90;
+  RequestInfo request;
+  request.model_id = "m";
+  request.prompt_tokens = 100;
+  request.max_tokens = 10;
+  request.cached_tokens["w2"] = 96;
+  EXPECT_EQ(NewLeastLoadedPolicy(1.0)->PickDecode(c, request)->id, "w1");
+  // ... and with the difference smaller than the cached blocks, the cache.
+  c[1].load.kv_blocks_free = 97;
+  EXPECT_EQ(NewLeastLoadedPolicy(1.0)->PickDecode(c, request)->id, "w2");
+  // Weight 0 ignores the cache; a heavier weight outweighs more room.
+  EXPECT_EQ(NewLeastLoadedPolicy(0.0)->PickDecode(c, request)->id, "w1");
+  c[1].load.kv_blocks_free = 90;
+  EXPECT_EQ(NewLeastLoadedPolicy(2.0)->PickDecode(c, request)->id, "w2");
+}
+
 }  // namespace
 }  // namespace baton::coordinator

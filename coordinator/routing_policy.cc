@@ -94,11 +94,24 @@ class LeastLoadedPolicy final : public RoutingPolicy {
     absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
         EligibleDecode(candidates, request);
     if (!eligible.ok()) return eligible.status();
-    const WorkerInfo* best = *std::min_element(
-        eligible->begin(), eligible->end(),
-        [](const WorkerInfo* a, const WorkerInfo* b) {
-          return a->load.kv_blocks_free > b->load.kv_blocks_free;
-        });
+    // Room to spare, plus what the worker would not need to receive: the
+    // blocks of the prompt its prefix cache holds (a conversation's next
+    // turn goes back to the worker that decoded the last one).
+    auto score = [&](const WorkerInfo* w) {
+      auto it = request.cached_tokens.find(w->ref.id);
+      const int64_t block_size =
+          std::max<int64_t>(1, w->registration.kv_layout.block_size);
+      const int64_t cached_blocks =
+          it == request.cached_tokens.end() ? 0 : it->second / block_size;
+      return static_cast<double>(w->load.kv_blocks_free) +
+             prefix_weight_ * static_cast<double>(cached_blocks);
+    };
+    // Eligible is in id order, so the first maximum wins ties.
+    const WorkerInfo* best =
+        *std::min_element(eligible->begin(), eligible->end(),
+                          [&](const WorkerInfo* a, const WorkerInfo* b) {
+                            return score(a) > score(b);
+                          });
     return best->ref;
   }
 

@@ -63,9 +63,11 @@ class RoutingPolicy {
 // prompt tokens to compute: queued_prefill_tokens + prompt_tokens -
 // prefix_weight * cached_tokens (with the default weight 1, a token already
 // cached counts exactly as a token of queue saved; 0 ignores the cache;
-// above 1 favours cache hits over balance). Decode: most free KV blocks
-// among the workers with room. Ties go to the smallest worker id (string
-// order).
+// above 1 favours cache hits over balance). Decode: among the workers with
+// room, the most kv_blocks_free + prefix_weight * the blocks of the prompt
+// the worker holds (those it need not receive), so a conversation's next
+// turn returns to the decode worker that holds it unless another has that
+// much more room. Ties go to the smallest worker id (string order).
 std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy(double prefix_weight = 1.0);
 
 // Cycles through the eligible workers in id order, one counter per phase;

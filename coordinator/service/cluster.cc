@@ -248,8 +248,10 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
                                                 int64_t* blocks, bool wait) {
   absl::MutexLock claim(&claim_mu_);
   const Candidates all = RoutingCandidates();
+  RequestInfo info = request;
+  FillCachedTokens(all, &info);
   absl::StatusOr<WorkerRef> picked =
-      wait ? PickDecodeQueue(all, request) : policy_->PickDecode(all, request);
+      wait ? PickDecodeQueue(all, info) : policy_->PickDecode(all, info);
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : all) {
     if (w.ref == *picked) {

@@ -277,6 +277,7 @@ absl::Status GenerateCall::Serve() {
     *target->mutable_alternatives() = reservation_.alternatives();
     target->set_transfer_id(reservation_.transfer_id());
     target->set_transfer_secret(reservation_.transfer_secret());
+    target->set_first_block(reservation_.cached_blocks());
   }
   grpc::ClientContext prefill_context;
   SetDeadline(&prefill_context);

@@ -56,6 +56,11 @@ v1::GenerateResult GenerateCall::BaseResult() const {
   t->set_kv_transfer_bytes(handoff_.kv_transfer_bytes());
   t->set_kv_transfer_ms(handoff_.kv_transfer_ms());
   t->set_kv_transfer_exposed_ms(handoff_.kv_transfer_exposed_ms());
+  if (decode_.has_value()) {
+    t->set_kv_transfer_cached_tokens(
+        reservation_.cached_blocks() *
+        decode_->registration.kv_layout.block_size);
+  }
   t->set_ttft_ms(ttft_ms_);
   if (completion_tokens_ > 1) {
     const double s = MsBetween(first_token_time_, last_token_time_) / 1e3;

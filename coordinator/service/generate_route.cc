@@ -96,6 +96,9 @@ absl::Status GenerateCall::Route() {
     request.set_model_id(model_id);
     request.set_coordinator_id(cluster_->options().coordinator_id);
     request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
+    // The worker pins what its prefix cache holds of it; only the rest moves.
+    request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
+                                            job_.prompt.end());
     request.set_max_tokens(job_.sampling.max_tokens());
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
     const absl::Duration queue_wait =

@@ -1,14 +1,21 @@
-// Prefix-aware routing on two colocated workers: each conversation's next
+// Prefix-aware routing: on two colocated workers, each conversation's next
 // turn goes to the worker whose prefix cache holds the previous turn (the
 // coordinator learns it from the workers' heartbeats), reuses exactly the
-// blocks that turn computed, and answers as a cold cache does.
+// blocks that turn computed, and answers as a cold cache does; on 1P2D, the
+// next turn goes to the decode worker holding the previous one, which
+// receives only the blocks it lacks.
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/metrics/http_get.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
@@ -52,6 +59,39 @@ class ClusterPrefixCacheTest : public ::testing::Test {
       out[w.worker().worker_id()] = w.prefix_cache_blocks();
     }
     return out;
+  }
+
+  // Blocks the coordinator's index holds for `worker` reach at least
+  // `blocks` (the heartbeats carry them); fails the test otherwise.
+  void WaitIndexed(const std::string& worker, int64_t blocks) {
+    const absl::Time until = absl::Now() + DefaultTestDeadline();
+    while (IndexedBlocks()[worker] < blocks) {
+      ASSERT_LT(absl::Now(), until) << "the coordinator never indexed "
+                                    << blocks << " blocks of " << worker;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+  // baton_worker_kv_transfer_bytes_total{direction="received"} of the
+  // worker serving metrics at `address`.
+  static int64_t ReceivedKvBytes(const std::string& address) {
+    absl::StatusOr<std::string> body = metrics::HttpGet(address, "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
+    if (!body.ok()) return -1;
+    const std::string name = "baton_worker_kv_transfer_bytes_total{";
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      if (!absl::StartsWith(line, name) ||
+          !absl::StrContains(line, "direction=\"received\"")) {
+        continue;
+      }
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value))
+          << line;
+      return static_cast<int64_t>(value);
+    }
+    ADD_FAILURE() << "no received " << name << "} in the metrics of "
+                  << address;
+    return -1;
   }
 
   std::unique_ptr<LocalCluster> cluster_;
@@ -160,6 +200,138 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
     ASSERT_TRUE(cold.has_result) << Describe(cold);
     EXPECT_EQ(cold.result.usage().cached_tokens(), 0);
     EXPECT_EQ(cold.tokens, second[c].tokens) << "conversation " << c;
+  }
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
+}
+
+// 1P2D: the second turn of a conversation goes to the decode worker that
+// decoded the first, which pins the blocks of turn 1 it holds and receives
+// only the rest; the KV bytes its metrics count are exactly those blocks,
+// and the answer equals the one a cold cache (everything sent) gives. Two
+// conversations start on different decode workers, so for one of them the
+// holder is not the worker a cache-blind policy would pick.
+TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
+  LocalClusterOptions options;
+  options.prefill = 1;
+  options.decode = 2;
+  options.flags_of_worker[1] = {"--metrics_listen=127.0.0.1:0"};
+  options.flags_of_worker[2] = {"--metrics_listen=127.0.0.1:0"};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  std::map<std::string, std::string> metrics_of;  // worker address -> metrics
+  for (int i : {1, 2}) {
+    LocalCluster::Worker& w = cluster_->workers()[static_cast<size_t>(i)];
+    const std::string marker = "baton-worker metrics on ";
+    auto line = w.process->WaitForLine(marker, absl::Seconds(10));
+    ASSERT_TRUE(line.ok()) << line.status();
+    metrics_of[w.address] = line->substr(marker.size());
+  }
+
+  // First turns at once: the coordinator counts the first one's reserved
+  // blocks when it routes the second, so they go to different decode
+  // workers. Set up again, a bounded number of times, if not: that is a
+  // precondition, not the check.
+  struct Conversation {
+    std::vector<int32_t> turn1;
+    StreamResult first;
+  };
+  std::vector<Conversation> convs(2);
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    for (int c = 0; c < 2; ++c) {
+      convs[c].turn1 = Tokenize(absl::StrCat(
+          "<|im_start|>system\nYou are careful assistant number ",
+          attempt * 2 + c,
+          ". You answer in full sentences, you give one example for every "
+          "claim, and you never use lists.<|im_end|>\n<|im_start|>user\nWhy "
+          "do ",
+          c == 0 ? "rivers meander across flat land" : "glaciers carve valleys",
+          "?<|im_end|>\n<|im_start|>assistant\n"));
+    }
+    std::thread other([&] {
+      convs[1].first = RunGenerate(cluster_->baton(), Ids(convs[1].turn1));
+    });
+    convs[0].first = RunGenerate(cluster_->baton(), Ids(convs[0].turn1));
+    other.join();
+    for (const Conversation& c : convs) {
+      ASSERT_TRUE(c.first.has_result) << Describe(c.first);
+    }
+    if (convs[0].first.result.decode_worker().worker_id() !=
+        convs[1].first.result.decode_worker().worker_id()) {
+      break;
+    }
+  }
+  ASSERT_NE(convs[0].first.result.decode_worker().worker_id(),
+            convs[1].first.result.decode_worker().worker_id())
+      << "five pairs of concurrent first turns all decoded on one worker";
+
+  const std::vector<int32_t> next = Tokenize(
+      "<|im_end|>\n<|im_start|>user\nAnd what about mountain streams?"
+      "<|im_end|>\n<|im_start|>assistant\n");
+  std::vector<v1::GenerateRequest> turn2s(2);
+  std::vector<StreamResult> seconds(2);
+  std::vector<int64_t> full_bytes(2);
+  for (int c = 0; c < 2; ++c) {
+    const Conversation& conv = convs[c];
+    const v1::GenerateResult& r1 = conv.first.result;
+    const v1::WorkerRef holder = r1.decode_worker();
+    ASSERT_TRUE(metrics_of.contains(holder.address())) << holder.address();
+    // Bytes per block, from turn 1's transfer.
+    const int64_t sent1 =
+        (static_cast<int64_t>(conv.turn1.size()) + kBlockSize - 1) /
+            kBlockSize -
+        r1.timings().kv_transfer_cached_tokens() / kBlockSize;
+    ASSERT_GT(sent1, 0);
+    const int64_t block_bytes = r1.timings().kv_transfer_bytes() / sent1;
+    ASSERT_GT(block_bytes, 0);
+    EXPECT_EQ(block_bytes * sent1, r1.timings().kv_transfer_bytes());
+    // The decode worker caches turn 1's prompt and answer (but the
+    // answer's last token, never fed); the coordinator learns it from the
+    // heartbeats.
+    const int64_t fed =
+        static_cast<int64_t>(conv.turn1.size() + conv.first.tokens.size()) - 1;
+    WaitIndexed(holder.worker_id(), fed / kBlockSize);
+
+    std::vector<int32_t> turn2 = conv.turn1;
+    turn2.insert(turn2.end(), conv.first.tokens.begin(),
+                 conv.first.tokens.end());
+    turn2.insert(turn2.end(), next.begin(), next.end());
+    const int64_t n2 = static_cast<int64_t>(turn2.size());
+    const int64_t blocks2 = (n2 + kBlockSize - 1) / kBlockSize;
+    const int64_t cached = std::min(fed, n2 - 1) / kBlockSize;
+    const int64_t before = ReceivedKvBytes(metrics_of[holder.address()]);
+    const StreamResult second = RunGenerate(cluster_->baton(), Ids(turn2));
+    ASSERT_TRUE(second.has_result) << Describe(second);
+    EXPECT_EQ(second.result.decode_worker().worker_id(), holder.worker_id())
+        << "conversation " << c;
+    EXPECT_EQ(second.result.timings().kv_transfer_cached_tokens(),
+              cached * kBlockSize)
+        << "conversation " << c;
+    const int64_t moved =
+        ReceivedKvBytes(metrics_of[holder.address()]) - before;
+    EXPECT_EQ(moved, (blocks2 - cached) * block_bytes)
+        << "conversation " << c << ": " << cached << " of " << blocks2
+        << " blocks were cached";
+    EXPECT_EQ(second.result.timings().kv_transfer_bytes(), moved);
+    turn2s[c] = Ids(turn2);
+    seconds[c] = second;
+    full_bytes[c] = blocks2 * block_bytes;
+  }
+
+  // A cold cache sends everything and answers the same.
+  grpc::ClientContext context;
+  v1::ResetPrefixCacheResponse reset;
+  ASSERT_TRUE(
+      cluster_->baton()
+          .ResetPrefixCache(&context, v1::ResetPrefixCacheRequest(), &reset)
+          .ok());
+  EXPECT_EQ(reset.workers_reset(), 3);
+  for (int c = 0; c < 2; ++c) {
+    const StreamResult cold = RunGenerate(cluster_->baton(), turn2s[c]);
+    ASSERT_TRUE(cold.has_result) << Describe(cold);
+    EXPECT_EQ(cold.result.timings().kv_transfer_cached_tokens(), 0);
+    EXPECT_EQ(cold.result.timings().kv_transfer_bytes(), full_bytes[c]);
+    EXPECT_EQ(cold.tokens, seconds[c].tokens) << "conversation " << c;
   }
   EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
 }

@@ -127,14 +127,19 @@ absl::Status CudaEngineRunner::CopyLayerToHost(
   return status;
 }
 
-absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table) {
+absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table,
+                                            int64_t first_block) {
   BATON_RETURN_IF_ERROR(health());
   absl::Status status =
       CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
-  // Only the blocks that hold the imported tokens.
+  // Only the blocks that hold the imported tokens; those before first_block
+  // are a prefix this pool holds already.
+  const int64_t end = std::min<int64_t>(
+      table.num_blocks(), cache_->BlocksNeeded(table.num_tokens()));
   const std::span<const int32_t> blocks =
-      table.block_ids().first(static_cast<size_t>(std::min<int64_t>(
-          table.num_blocks(), cache_->BlocksNeeded(table.num_tokens()))));
+      table.block_ids()
+          .first(static_cast<size_t>(end))
+          .subspan(static_cast<size_t>(std::min(first_block, end)));
   for (int64_t l = 0; status.ok() && l < cache_->layout().num_layers; ++l) {
     status = CopyBlocks(l, blocks, cudaMemcpyHostToDevice);
   }

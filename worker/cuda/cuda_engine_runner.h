@@ -45,7 +45,8 @@ class CudaEngineRunner : public ForwardRunner {
   std::string device_name() const override;
   absl::Status CopyLayerToHost(
       int64_t layer, std::span<const BlockTable* const> tables) override;
-  absl::Status CopyToDevice(const BlockTable& table) override;
+  absl::Status CopyToDevice(const BlockTable& table,
+                            int64_t first_block) override;
   uint8_t* device_kv_pool() const override {
     return static_cast<uint8_t*>(runner_->pool());
   }

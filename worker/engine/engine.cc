@@ -162,8 +162,10 @@ EngineStats Engine::stats() {
   s.kv_blocks_cached = cache_->num_blocks_cached();
   s.kv_evictions = cache_->allocator().num_evictions();
   s.prefix_query_tokens =
-      published_prefix_queries_.load(std::memory_order_relaxed);
-  s.prefix_hit_tokens = published_prefix_hits_.load(std::memory_order_relaxed);
+      published_prefix_queries_.load(std::memory_order_relaxed) +
+      import_prefix_queries_.load(std::memory_order_relaxed);
+  s.prefix_hit_tokens = published_prefix_hits_.load(std::memory_order_relaxed) +
+                        import_prefix_hits_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -218,8 +220,10 @@ void Engine::Adopt(std::unique_ptr<Sequence> seq) {
       scheduler_->AddRunning(raw);
     }
     // An import that landed in the host cache: a device runner copies it in.
-    absl::Status s = raw->kv_on_device ? absl::OkStatus()
-                                       : runner_->CopyToDevice(raw->table);
+    absl::Status s =
+        raw->kv_on_device
+            ? absl::OkStatus()
+            : runner_->CopyToDevice(raw->table, raw->import_first_block);
     if (!s.ok()) {
       EndEarly(
           raw, FinishReason::kError,

@@ -82,6 +82,11 @@ struct PrefillOptions {
   // (KvSinkInfo::device_pool, e.g. TransportKvSink with read_device_pool),
   // so the engine does not stage them to the host cache first.
   bool sink_reads_device_pool = false;
+  // Blocks of the prompt the destination holds already
+  // (ImportReservation::cached_blocks, carried by the coordinator): the
+  // handoff sends the blocks from this one on. In [0, BlocksNeeded(prompt)),
+  // so the block of the last token always travels.
+  int64_t first_block = 0;
 };
 
 struct ImportOptions {
@@ -96,6 +101,13 @@ struct ImportOptions {
   int64_t num_prompt_tokens = 0;
   // The request's max_tokens; blocks are reserved for prompt + max_tokens.
   int64_t max_tokens = 0;
+  // The prompt's token ids (num_prompt_tokens of them), or empty. With them
+  // and the prefix cache on, the reservation starts with the longest cached
+  // prefix of the prompt's full blocks, pinned (never the block of the last
+  // token), and the transfer carries only the blocks after it
+  // (ImportReservation::cached_blocks). StartImportedDecode then checks that
+  // its prompt is the one reserved for.
+  std::vector<int32_t> prompt;
   // Optional, runs on the receiver's thread once the transfer ended: OK
   // when every layer landed, otherwise the error (the blocks are then free
   // already).
@@ -104,6 +116,9 @@ struct ImportOptions {
 
 struct ImportReservation {
   int64_t num_blocks = 0;
+  // Leading blocks of the prompt found in this engine's prefix cache: the
+  // sender starts at this block (PrefillOptions::first_block).
+  int64_t cached_blocks = 0;
   // What the receiver writes into; valid until ImportDone for its transfer.
   KvTransferTarget target;
 };
@@ -117,8 +132,8 @@ struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;    // no request holds them (cached included)
   int64_t kv_blocks_cached = 0;  // free, holding a reusable prefix block
-  // Prefix cache, over requests' first admissions: prompt tokens looked up,
-  // found cached; cached blocks evicted for room.
+  // Prefix cache, over requests' first admissions and KV imports: prompt
+  // tokens looked up, found cached; cached blocks evicted for room.
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t kv_evictions = 0;
@@ -269,6 +284,10 @@ class Engine {
     std::string model_id;
     int64_t num_tokens = 0;
     int64_t max_tokens = 0;
+    // The cached prefix the reservation started with: its blocks are not
+    // transferred; their hashes check the prompt StartImportedDecode gets.
+    int64_t first_block = 0;
+    std::vector<BlockHash> prefix_hashes;
     BlockTable table;
     State state = State::kReserved;
     bool on_device = false;  // the receiver writes the device pool
@@ -277,6 +296,9 @@ class Engine {
     std::function<void(absl::Status)> on_landed;
   };
 
+  // Where the receiver of slot's transfer writes.
+  KvTransferTarget TargetOf(const ImportSlot& slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   // Validation and per-request state shared by Submit and SubmitPrefill.
   absl::StatusOr<std::unique_ptr<Sequence>> NewSequence(
       GenerationRequest request, int64_t pool_tokens);
@@ -348,6 +370,9 @@ class Engine {
   std::atomic<int64_t> published_handoffs_{0};
   std::atomic<int64_t> published_prefix_queries_{0};
   std::atomic<int64_t> published_prefix_hits_{0};
+  // The prefix cache's lookups for KV imports (ReserveImport, any thread).
+  std::atomic<int64_t> import_prefix_queries_{0};
+  std::atomic<int64_t> import_prefix_hits_{0};
   std::vector<std::unique_ptr<KvHandoff>> detached_;  // timed out, joining
   uint64_t next_handoff_serial_ = 1;
 

@@ -1,6 +1,7 @@
 // Engine entry points for prefill/decode disaggregation: prefill-only
 // requests that hand their KV cache to a KvSink, and imported requests that
 // continue decoding from a KV cache another engine computed.
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -22,8 +23,16 @@ absl::Status Engine::SubmitPrefill(GenerationRequest request,
     return absl::InvalidArgumentError("SubmitPrefill needs an output callback");
   }
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  if (options.first_block < 0 || options.first_block * cache_->block_size() >=
+                                     std::max<int64_t>(1, prompt)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_block ", options.first_block, " must be in [0, ",
+                     cache_->BlocksNeeded(prompt), ") for a prompt of ", prompt,
+                     " tokens (the block of the last token always travels)"));
+  }
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
                          NewSequence(std::move(request), prompt));
+  seq->handoff_first_block = options.first_block;
   seq->on_prefill = std::move(on_output);
   seq->make_sink = std::move(options.make_sink);
   seq->handoff_timeout = options.timeout;
@@ -38,8 +47,11 @@ void Engine::StartHandoff(Sequence* seq) {
   info.num_tokens = seq->num_prompt;
   info.host_pool = cache_->LayerBlock(0, 0);
   info.device_pool = runner_->device_kv_pool();
-  const auto ids = seq->table.block_ids().first(
-      static_cast<size_t>(cache_->BlocksNeeded(seq->num_prompt)));
+  info.first_block = seq->handoff_first_block;
+  const auto ids =
+      seq->table.block_ids()
+          .first(static_cast<size_t>(cache_->BlocksNeeded(seq->num_prompt)))
+          .subspan(static_cast<size_t>(info.first_block));
   const uint64_t serial = next_handoff_serial_++;
   seq->handoff_serial = serial;
   seq->handoff_deadline = Clock::now() + seq->handoff_timeout;
@@ -128,7 +140,27 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
         absl::StrCat("ReserveImport: prompt + max_tokens = ", total,
                      " exceeds the context length ", config().context_length));
   }
+  if (!options.prompt.empty() && static_cast<int64_t>(options.prompt.size()) !=
+                                     options.num_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReserveImport: the prompt has ", options.prompt.size(),
+        " token ids for num_prompt_tokens ", options.num_prompt_tokens));
+  }
+  for (int32_t token : options.prompt) {
+    if (token < 0 || token >= config().vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ReserveImport: prompt token id ", token,
+                       " is outside [0, ", config().vocab_size, ")"));
+    }
+  }
   auto slot = std::make_unique<ImportSlot>();
+  // The prompt's full blocks before the one holding its last token: those
+  // this engine may hold already.
+  if (options_.prefix_cache && !options.prompt.empty()) {
+    ExtendBlockHashes(prefix_root_, options.prompt, cache_->block_size(),
+                      (options.num_prompt_tokens - 1) / cache_->block_size(),
+                      &slot->prefix_hashes);
+  }
   slot->request_id = request_id;
   slot->transfer_id = options.transfer_id;
   slot->secret = options.secret;
@@ -141,11 +173,16 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
     return absl::InvalidArgumentError(absl::StrCat(
         "KV transfer id ", options.transfer_id, " is already reserved"));
   }
-  if (!cache_->CanReserve(slot->table, total)) {
+  BlockAllocator& allocator = cache_->allocator();
+  // Pinned with the reservation, in one step under the cache lock.
+  slot->prefix_hashes.resize(
+      static_cast<size_t>(allocator.MatchPrefix(slot->prefix_hashes)));
+  if (!allocator.CanReserveWithPrefix(slot->prefix_hashes, total)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV import of '", request_id, "' needs ", cache_->BlocksNeeded(total),
-        " blocks (", total, " tokens), but only ", cache_->num_blocks_free(),
-        " of ", cache_->num_blocks_total(), " are free"));
+        " blocks (", total, " tokens, ", slot->prefix_hashes.size(),
+        " of them cached here), but only ", cache_->num_blocks_free(), " of ",
+        cache_->num_blocks_total(), " are free"));
   }
   {
     absl::MutexLock ids_lock(&inbox_mu_);
@@ -154,16 +191,19 @@ absl::StatusOr<ImportReservation> Engine::ReserveImport(
           absl::StrCat("request id '", request_id, "' is already in use"));
     }
   }
-  BATON_CHECK(cache_->Reserve(slot->table, total).ok());
+  allocator.AcquirePrefix(slot->table, slot->prefix_hashes);
+  BATON_CHECK(allocator.Reserve(slot->table, total).ok());
+  slot->first_block = static_cast<int64_t>(slot->prefix_hashes.size());
+  if (options_.prefix_cache && !options.prompt.empty()) {
+    import_prefix_queries_.fetch_add(options.num_prompt_tokens,
+                                     std::memory_order_relaxed);
+    import_prefix_hits_.fetch_add(slot->first_block * cache_->block_size(),
+                                  std::memory_order_relaxed);
+  }
   ImportReservation reservation;
   reservation.num_blocks = slot->table.num_blocks();
-  reservation.target.cache = cache_.get();
-  reservation.target.table = &slot->table;
-  reservation.target.expected_layout = cache_->layout();
-  reservation.target.num_tokens = slot->num_tokens;
-  reservation.target.cache_mutex = &cache_mu_;
-  reservation.target.expected_model_id = slot->model_id;
-  reservation.target.expected_request_id = slot->request_id;
+  reservation.cached_blocks = slot->first_block;
+  reservation.target = TargetOf(*slot);
   imports_by_transfer_.emplace(options.transfer_id, slot.get());
   imports_.emplace(request_id, std::move(slot));
   return reservation;
@@ -185,14 +225,19 @@ absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id,
   }
   slot->state = ImportSlot::State::kTransferring;
   slot->on_device = lands_on_device;
+  return TargetOf(*slot);
+}
+
+KvTransferTarget Engine::TargetOf(const ImportSlot& slot) {
   KvTransferTarget target;
   target.cache = cache_.get();
-  target.table = &slot->table;
+  target.table = &slot.table;
   target.expected_layout = cache_->layout();
-  target.num_tokens = slot->num_tokens;
+  target.num_tokens = slot.num_tokens;
+  target.first_block = slot.first_block;
   target.cache_mutex = &cache_mu_;
-  target.expected_model_id = slot->model_id;
-  target.expected_request_id = slot->request_id;
+  target.expected_model_id = slot.model_id;
+  target.expected_request_id = slot.request_id;
   return target;
 }
 
@@ -327,8 +372,21 @@ absl::Status Engine::StartImportedDecode(GenerationRequest request,
           " do not fit the reservation (", slot->num_tokens, " prompt tokens, ",
           slot->max_tokens, " max_tokens)"));
     }
+    // The cached blocks hold the KV of the prompt reserved for: this one
+    // must begin with the same tokens.
+    ExtendBlockHashes(prefix_root_, seq->tokens, cache_->block_size(),
+                      slot->first_block, &seq->block_hashes);
+    if (!std::equal(slot->prefix_hashes.begin(), slot->prefix_hashes.end(),
+                    seq->block_hashes.begin())) {
+      seq->block_hashes.clear();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StartImportedDecode: the prompt's first ", slot->first_block,
+          " blocks differ from those of the prompt ReserveKv was given"));
+    }
     seq->table = std::move(slot->table);
     seq->kv_on_device = slot->on_device;
+    seq->import_first_block = slot->first_block;
+    seq->num_published = slot->first_block;
     BATON_CHECK(cache_->SetNumTokens(seq->table, slot->num_tokens).ok());
     imports_by_transfer_.erase(slot->transfer_id);
     imports_.erase(it);

@@ -43,8 +43,9 @@ class FaultInjectingRunner : public ForwardRunner {
       int64_t layer, std::span<const BlockTable* const> tables) override {
     return inner_->CopyLayerToHost(layer, tables);
   }
-  absl::Status CopyToDevice(const BlockTable& table) override {
-    return inner_->CopyToDevice(table);
+  absl::Status CopyToDevice(const BlockTable& table,
+                            int64_t first_block) override {
+    return inner_->CopyToDevice(table, first_block);
   }
   uint8_t* device_kv_pool() const override { return inner_->device_kv_pool(); }
 

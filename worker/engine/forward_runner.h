@@ -75,11 +75,15 @@ class ForwardRunner {
     return absl::OkStatus();
   }
 
-  // Makes the table's blocks (every layer, as imported into the host cache)
-  // the runner's before the sequence's first step. A no-op where the host
-  // cache is the live cache.
-  virtual absl::Status CopyToDevice(const BlockTable& table) {
+  // Makes the table's blocks from first_block on that hold its tokens
+  // (every layer, as imported into the host cache) the runner's before the
+  // sequence's first step; the blocks before first_block were the runner's
+  // already (a cached prefix). A no-op where the host cache is the live
+  // cache.
+  virtual absl::Status CopyToDevice(const BlockTable& table,
+                                    int64_t first_block) {
     (void)table;
+    (void)first_block;
     return absl::OkStatus();
   }
 

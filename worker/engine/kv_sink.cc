@@ -38,6 +38,7 @@ TransportKvSink::TransportKvSink(std::unique_ptr<KvSender> sender,
   header_.model_id = std::move(model_id);
   header_.layout = info.layout;
   header_.num_tokens = info.num_tokens;
+  header_.first_block = info.first_block;
 }
 
 absl::Status TransportKvSink::SendLayer(int64_t layer,

@@ -26,7 +26,10 @@ namespace baton {
 struct KvSinkInfo {
   std::string request_id;
   KvLayout layout;         // the sending pool's layout
-  int64_t num_tokens = 0;  // tokens every layer carries
+  int64_t num_tokens = 0;  // tokens every layer covers
+  // The destination holds the sequence's blocks before this one (a cached
+  // prefix): each layer carries the chunks from here on.
+  int64_t first_block = 0;
   // Chunk (0, 0) of the host cache, and of the runner's device pool (null
   // when the host cache is the live cache); see DevicePoolChunks.
   const uint8_t* host_pool = nullptr;
@@ -40,9 +43,9 @@ std::vector<std::span<const uint8_t>> DevicePoolChunks(
 
 // One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1) (each
 // layer through SendLayer or SendLayerChunks), Finish(); or Abort(reason) at
-// any point. bytes is the layer as produced by KvCache::ExportLayer
-// (BlocksNeeded(num_tokens) chunks, table order) and is only valid during
-// the call.
+// any point. bytes is the layer's chunks of the blocks [first_block,
+// BlocksNeeded(num_tokens)), in table order (what KvCache::ExportLayer
+// writes, from first_block), and is only valid during the call.
 class KvSink {
  public:
   virtual ~KvSink() = default;

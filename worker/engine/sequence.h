@@ -44,6 +44,8 @@ struct Sequence {
   PrefillCallback on_prefill;
   KvSinkFactory make_sink;
   bool sink_reads_device_pool = false;  // no host staging for the handoff
+  // Blocks the destination holds already; the handoff sends those after.
+  int64_t handoff_first_block = 0;
   // Started with the step that runs the prompt's last chunk.
   std::unique_ptr<KvHandoff> handoff;
   uint64_t handoff_serial = 0;
@@ -56,6 +58,9 @@ struct Sequence {
   std::optional<RequestOutput> initial_output;
   // The import landed in the runner's device pool (no CopyToDevice).
   bool kv_on_device = false;
+  // Blocks of the imported prompt that were this engine's cached prefix
+  // (not transferred, so not copied to the device either).
+  int64_t import_first_block = 0;
 
   bool prefill_only() const { return static_cast<bool>(on_prefill); }
 

@@ -108,13 +108,18 @@ class ShadowRunner : public ForwardRunner {
     return absl::OkStatus();
   }
 
-  absl::Status CopyToDevice(const BlockTable& table) override {
+  absl::Status CopyToDevice(const BlockTable& table,
+                            int64_t first_block) override {
     if (control_->fail_copy_to_device) {
       return absl::InternalError("injected copy-to-device fault");
     }
     if (control_->skip_copies) return absl::OkStatus();
+    // Only the imported blocks: the device holds the cached prefix already,
+    // and a copy of its poisoned host blocks would change the tokens.
+    const std::span<const int32_t> blocks =
+        table.block_ids().subspan(static_cast<size_t>(first_block));
     for (int64_t l = 0; l < cache_->layout().num_layers; ++l) {
-      for (int32_t b : table.block_ids()) {
+      for (int32_t b : blocks) {
         std::memcpy(DeviceChunk(l, b), cache_->LayerBlock(l, b),
                     cache_->chunk_bytes());
       }

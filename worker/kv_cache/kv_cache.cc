@@ -231,7 +231,8 @@ absl::Status KvCache::ImportLayer(const BlockTable& table, int64_t layer,
 }
 
 absl::Status KvCache::CheckChunkRequest(const BlockTable& table, int64_t layer,
-                                        int64_t num_tokens) const {
+                                        int64_t num_tokens,
+                                        int64_t first_block) const {
   CheckOwner(table);
   BATON_RETURN_IF_ERROR(CheckLayer(layer, layout_.num_layers));
   if (num_tokens < 0 || num_tokens > Capacity(table)) {
@@ -239,16 +240,23 @@ absl::Status KvCache::CheckChunkRequest(const BlockTable& table, int64_t layer,
         "KV chunks of layer ", layer, ": num_tokens must be in [0, ",
         Capacity(table), "] (the reserved capacity), got ", num_tokens));
   }
+  if (first_block < 0 || first_block > BlocksNeeded(num_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV chunks of layer ", layer, ": first_block must be in [0, ",
+        BlocksNeeded(num_tokens), "], got ", first_block));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::span<const uint8_t>>> KvCache::LayerChunks(
-    const BlockTable& table, int64_t layer, int64_t num_tokens) const {
-  BATON_RETURN_IF_ERROR(CheckChunkRequest(table, layer, num_tokens));
+    const BlockTable& table, int64_t layer, int64_t num_tokens,
+    int64_t first_block) const {
+  BATON_RETURN_IF_ERROR(
+      CheckChunkRequest(table, layer, num_tokens, first_block));
   const int64_t blocks = BlocksNeeded(num_tokens);
   std::vector<std::span<const uint8_t>> out;
-  out.reserve(static_cast<size_t>(blocks));
-  for (int64_t i = 0; i < blocks; ++i) {
+  out.reserve(static_cast<size_t>(blocks - first_block));
+  for (int64_t i = first_block; i < blocks; ++i) {
     out.emplace_back(
         LayerBlock(layer, table.block_ids_[static_cast<size_t>(i)]),
         chunk_bytes_);
@@ -257,12 +265,14 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> KvCache::LayerChunks(
 }
 
 absl::StatusOr<std::vector<std::span<uint8_t>>> KvCache::MutableLayerChunks(
-    const BlockTable& table, int64_t layer, int64_t num_tokens) {
-  BATON_RETURN_IF_ERROR(CheckChunkRequest(table, layer, num_tokens));
+    const BlockTable& table, int64_t layer, int64_t num_tokens,
+    int64_t first_block) {
+  BATON_RETURN_IF_ERROR(
+      CheckChunkRequest(table, layer, num_tokens, first_block));
   const int64_t blocks = BlocksNeeded(num_tokens);
   std::vector<std::span<uint8_t>> out;
-  out.reserve(static_cast<size_t>(blocks));
-  for (int64_t i = 0; i < blocks; ++i) {
+  out.reserve(static_cast<size_t>(blocks - first_block));
+  for (int64_t i = first_block; i < blocks; ++i) {
     out.emplace_back(
         LayerBlock(layer, table.block_ids_[static_cast<size_t>(i)]),
         chunk_bytes_);

@@ -180,16 +180,20 @@ class KvCache {
   absl::Status ImportLayer(const BlockTable& table, int64_t layer,
                            int64_t num_tokens, std::span<const uint8_t> in);
 
-  // The chunks of `layer` of the table's first BlocksNeeded(num_tokens)
-  // blocks, in table order, each chunk_bytes() long: concatenated they are
-  // what ExportLayer writes / ImportLayer reads, for callers that send or
-  // receive a layer in place. Pointers stay valid for the KvCache's lifetime;
-  // the bytes belong to whoever holds the table. InvalidArgument for a bad
-  // layer or num_tokens outside [0, Capacity(table)].
+  // The chunks of `layer` of the table's blocks [first_block,
+  // BlocksNeeded(num_tokens)), in table order, each chunk_bytes() long: from
+  // block 0 concatenated they are what ExportLayer writes / ImportLayer
+  // reads, for callers that send or receive a layer in place (a transfer
+  // starts at first_block when the receiver holds the blocks before it).
+  // Pointers stay valid for the KvCache's lifetime; the bytes belong to
+  // whoever holds the table. InvalidArgument for a bad layer, num_tokens
+  // outside [0, Capacity(table)] or first_block outside [0, blocks].
   absl::StatusOr<std::vector<std::span<const uint8_t>>> LayerChunks(
-      const BlockTable& table, int64_t layer, int64_t num_tokens) const;
+      const BlockTable& table, int64_t layer, int64_t num_tokens,
+      int64_t first_block = 0) const;
   absl::StatusOr<std::vector<std::span<uint8_t>>> MutableLayerChunks(
-      const BlockTable& table, int64_t layer, int64_t num_tokens);
+      const BlockTable& table, int64_t layer, int64_t num_tokens,
+      int64_t first_block = 0);
 
   // --- Checks for tests and metrics (BlockAllocator::CheckInvariants) ---
   absl::Status CheckInvariants() const { return allocator_.CheckInvariants(); }
@@ -205,10 +209,10 @@ class KvCache {
   void CheckOwner(const BlockTable& table) const {
     allocator_.CheckOwner(table);
   }
-  // InvalidArgument unless layer is in range and 0 <= num_tokens <=
-  // Capacity(table).
+  // InvalidArgument unless layer is in range, 0 <= num_tokens <=
+  // Capacity(table) and 0 <= first_block <= BlocksNeeded(num_tokens).
   absl::Status CheckChunkRequest(const BlockTable& table, int64_t layer,
-                                 int64_t num_tokens) const;
+                                 int64_t num_tokens, int64_t first_block) const;
   // Bytes of the K element (layer, block of position, head 0, slot, dim 0).
   uint64_t KeyOffset(const BlockTable& table, int64_t layer,
                      int64_t position) const;

@@ -272,6 +272,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         tcp->address(), transfer_id, options_.model_id, sender_options);
   }
   prefill_options.timeout = options_.handoff_timeout;
+  prefill_options.first_block = target.first_block();
   {
     absl::MutexLock lock(&mu_);
     running_.insert(id);

@@ -163,6 +163,8 @@ absl::Status WorkerService::Reserve(const v1::ReserveKvRequest& request,
   import_options.model_id = options_.model_id;
   import_options.num_prompt_tokens = request.num_prompt_tokens();
   import_options.max_tokens = request.max_tokens();
+  import_options.prompt.assign(request.prompt_token_ids().begin(),
+                               request.prompt_token_ids().end());
   import_options.on_landed = [this, id](absl::Status status) {
     OnLanded(id, std::move(status));
   };
@@ -191,6 +193,7 @@ absl::Status WorkerService::Reserve(const v1::ReserveKvRequest& request,
     nccl->set_device(options_.kv_device);
   }
   response->set_blocks_reserved(reservation->num_blocks);
+  response->set_cached_blocks(reservation->cached_blocks);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // WorkerService's metrics: gauges from the engine, KV imports measured at
 // the receiver, and stream ends that never reached the engine; and the
 // prefix cache's admin reset.
+#include <algorithm>
 #include <utility>
 
 #include "common/metrics/metrics.h"
@@ -51,7 +52,11 @@ KvReceiverCallbacks WorkerService::MeteredImportCallbacks() {
     if (target.ok() && target->cache != nullptr) {
       InboundTransfer inbound;
       inbound.start = SteadyClock::now();
-      inbound.bytes = target->cache->LayerBytesForTokens(target->num_tokens) *
+      // What travels: the blocks from first_block on (the rest was cached).
+      const int64_t blocks =
+          target->cache->BlocksNeeded(target->num_tokens) - target->first_block;
+      inbound.bytes = static_cast<uint64_t>(std::max<int64_t>(0, blocks)) *
+                      target->cache->chunk_bytes() *
                       static_cast<uint64_t>(target->expected_layout.num_layers);
       absl::MutexLock lock(&inbound_mu_);
       inbound_[transfer_id] = inbound;

@@ -322,7 +322,7 @@ absl::Status CudaIpcKvReceiver::ServeLayer(int fd, Transfer& t,
   BATON_RETURN_IF_ERROR(t.progress.CheckLayer(h, target));
   std::optional<CudaIpcGrant> grant;
   if (!t.granted) {
-    const int64_t blocks = target.cache->BlocksNeeded(h.num_tokens);
+    const int64_t blocks = KvHeaderBlocks(h);
     if (blocks > kCudaIpcMaxGrantBlocks) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "KV transfer ", t.id, ": ", blocks, " blocks exceed the ",
@@ -332,14 +332,12 @@ absl::Status CudaIpcKvReceiver::ServeLayer(int fd, Transfer& t,
     {
       std::optional<absl::ReaderMutexLock> lock;
       if (target.cache_mutex != nullptr) lock.emplace(target.cache_mutex);
-      if (target.table->num_blocks() < blocks) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("KV transfer ", t.id, ": reserved table holds ",
-                         target.table->num_blocks(), " blocks, ", blocks,
-                         " needed for ", h.num_tokens, " tokens"));
+      absl::StatusOr<std::vector<int32_t>> ids = KvTargetBlockIds(target);
+      if (!ids.ok()) {
+        return PrefixStatus(absl::StrCat("KV transfer ", t.id, ": "),
+                            ids.status());
       }
-      const auto table_ids = target.table->block_ids();
-      grant->block_ids.assign(table_ids.begin(), table_ids.begin() + blocks);
+      grant->block_ids = *std::move(ids);
     }
     BATON_ASSIGN_OR_RETURN(CudaIpcExport ex, ExportPool(t.target));
     grant->handle = ex.handle;

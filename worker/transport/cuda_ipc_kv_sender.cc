@@ -144,15 +144,18 @@ absl::Status CudaIpcKvSender::CheckHeader(
     return absl::InvalidArgumentError(absl::StrCat(
         "KV header num_tokens must be >= 0, got ", header.num_tokens));
   }
-  const int64_t blocks = (header.num_tokens + header.layout.block_size - 1) /
-                         header.layout.block_size;
-  const uint64_t want =
-      static_cast<uint64_t>(blocks) * header.layout.chunk_bytes();
+  const int64_t blocks = KvHeaderBlocks(header);
+  if (header.first_block < 0 || (header.first_block > 0 && blocks == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV header first_block ", header.first_block, " leaves no block of ",
+        header.num_tokens, " tokens to send"));
+  }
+  const uint64_t want = KvHeaderPayloadBytes(header);
   if (header.payload_bytes != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV header payload_bytes ", header.payload_bytes, " vs ",
-                     want, " for ", header.num_tokens, " tokens (", blocks,
-                     " chunks of ", header.layout.chunk_bytes(), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV header payload_bytes ", header.payload_bytes, " vs ", want, " for ",
+        header.num_tokens, " tokens from block ", header.first_block, " (",
+        blocks, " chunks of ", header.layout.chunk_bytes(), " bytes)"));
   }
   return absl::OkStatus();
 }

@@ -155,16 +155,54 @@ absl::Status ValidateLayerHeader(const KvTransferHeader& header,
         absl::StrCat(where, "num_tokens ", header.num_tokens, " vs expected ",
                      target.num_tokens));
   }
+  if (header.first_block != target.first_block) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "first_block ", header.first_block, " vs expected ",
+        target.first_block, " (the blocks this worker holds already)"));
+  }
+  const int64_t blocks =
+      target.cache->BlocksNeeded(target.num_tokens) - target.first_block;
   const uint64_t expected_bytes =
-      target.cache->LayerBytesForTokens(target.num_tokens);
+      static_cast<uint64_t>(std::max<int64_t>(0, blocks)) *
+      target.cache->chunk_bytes();
   if (header.payload_bytes != expected_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, "payload_bytes ", header.payload_bytes, " vs expected ",
         expected_bytes, " (", target.num_tokens, " tokens in ",
-        target.cache->BlocksNeeded(target.num_tokens), " blocks of ",
-        target.cache->chunk_bytes(), " bytes)"));
+        target.cache->BlocksNeeded(target.num_tokens), " blocks, from block ",
+        target.first_block, ", of ", target.cache->chunk_bytes(), " bytes)"));
   }
   return absl::OkStatus();
+}
+
+int64_t KvHeaderBlocks(const KvTransferHeader& header) {
+  const int64_t block_size = header.layout.block_size;
+  if (block_size < 1 || header.num_tokens < 0 || header.first_block < 0) {
+    return 0;
+  }
+  const int64_t blocks =
+      header.num_tokens / block_size + (header.num_tokens % block_size != 0);
+  return std::max<int64_t>(0, blocks - header.first_block);
+}
+
+uint64_t KvHeaderPayloadBytes(const KvTransferHeader& header) {
+  return static_cast<uint64_t>(KvHeaderBlocks(header)) *
+         header.layout.chunk_bytes();
+}
+
+absl::StatusOr<std::vector<int32_t>> KvTargetBlockIds(
+    const KvTransferTarget& target) {
+  const int64_t end = target.cache->BlocksNeeded(target.num_tokens);
+  if (target.first_block < 0 || target.first_block > end ||
+      target.table->num_blocks() < end) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV target: reserved table holds ", target.table->num_blocks(),
+        " blocks, ", end, " needed for ", target.num_tokens,
+        " tokens (writing blocks [", target.first_block, ", ", end, "))"));
+  }
+  const std::span<const int32_t> ids = target.table->block_ids();
+  return std::vector<int32_t>(ids.begin() + target.first_block,
+                              ids.begin() + end);
 }
 
 void KvLayerProgress::Start(uint64_t transfer_id, int64_t num_layers) {

@@ -45,15 +45,18 @@ namespace baton {
 // Longest request id / model id a header may carry, in bytes.
 inline constexpr size_t kKvMaxIdBytes = 256;
 
-// Describes one layer of one transfer. The payload is the layer as produced
-// by KvCache::ExportLayer: BlocksNeeded(num_tokens) chunks of
-// layout.chunk_bytes(), in block-table order (KvCache::LayerChunks).
+// Describes one layer of one transfer. The payload is the layer's chunks of
+// the sequence's blocks [first_block, BlocksNeeded(num_tokens)), each
+// layout.chunk_bytes(), in block-table order (KvCache::LayerChunks): the
+// receiver holds the blocks before first_block already (a prefix it had
+// cached), so they do not travel.
 struct KvTransferHeader {
   uint64_t transfer_id = 0;
   std::string request_id;      // at most kKvMaxIdBytes bytes
   std::string model_id;        // at most kKvMaxIdBytes bytes
   KvLayout layout;             // the sender's pool layout
-  int64_t num_tokens = 0;      // tokens of the sequence carried by every layer
+  int64_t num_tokens = 0;      // tokens of the sequence every layer covers
+  int64_t first_block = 0;     // blocks of the sequence not carried
   int64_t layer = 0;           // in [0, layout.num_layers)
   uint64_t payload_bytes = 0;  // == payload.size()
   // KvChecksum(payload, layout.chunk_bytes()), or 0: the sender computes it
@@ -136,16 +139,25 @@ class KvSender {
   virtual void Abort(absl::Status reason) = 0;
 };
 
+// Blocks a layer of `header` carries: BlocksNeeded(num_tokens) -
+// first_block (0 for a header whose fields are out of range).
+int64_t KvHeaderBlocks(const KvTransferHeader& header);
+// Payload bytes of one layer of `header`: KvHeaderBlocks * chunk_bytes.
+uint64_t KvHeaderPayloadBytes(const KvTransferHeader& header);
+
 // Where the receiver writes one transfer; returned by the lookup callback.
 // The pointed-to objects must stay alive, and the table must not be freed or
 // resized, until on_done has been called for this transfer id. Until then the
-// receiver may write any byte of the table's first BlocksNeeded(num_tokens)
-// blocks, in any layer whose header passed ValidateLayerHeader.
+// receiver may write any byte of the table's blocks [first_block,
+// BlocksNeeded(num_tokens)) (KvTargetBlockIds), in any layer whose header
+// passed ValidateLayerHeader; the blocks before first_block are a cached
+// prefix, shared with other sequences, and never written.
 struct KvTransferTarget {
   KvCache* cache = nullptr;
   const BlockTable* table = nullptr;  // reserved for >= num_tokens tokens
   KvLayout expected_layout;           // usually cache->layout()
-  int64_t num_tokens = 0;             // tokens every layer must carry
+  int64_t num_tokens = 0;             // tokens every layer must cover
+  int64_t first_block = 0;            // every header must carry this
   // If non-empty, headers must carry exactly this model id / request id.
   std::string expected_model_id;
   std::string expected_request_id;
@@ -191,11 +203,18 @@ class KvReceiver {
 };
 
 // Checks a layer header against its target before any byte is written:
-// layout (CheckLayoutMatches), model id, layer range, num_tokens and
-// payload_bytes == cache->LayerBytesForTokens(num_tokens). InvalidArgument
-// naming the field, the received and the expected value, and the transfer.
+// layout (CheckLayoutMatches), model id, layer range, num_tokens,
+// first_block and payload_bytes == (BlocksNeeded(num_tokens) - first_block)
+// * chunk_bytes. InvalidArgument naming the field, the received and the
+// expected value, and the transfer.
 absl::Status ValidateLayerHeader(const KvTransferHeader& header,
                                  const KvTransferTarget& target);
+
+// The ids of the blocks a transfer writes: the target table's [first_block,
+// BlocksNeeded(num_tokens)). FailedPrecondition when the table holds fewer.
+// Read the table under target.cache_mutex (shared) when one is set.
+absl::StatusOr<std::vector<int32_t>> KvTargetBlockIds(
+    const KvTransferTarget& target);
 
 // `status` with its code kept and `prefix` prepended to its message.
 absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);

@@ -169,11 +169,12 @@ TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
   KvFrame f;
   f.header.transfer_id = 5;
   f.header.layout = MakeCache(1)->layout();
+  f.header.num_tokens = 3 * f.header.layout.block_size;
   f.header.payload_bytes = 3 * kChunkBytes;
   f.header.checksum = 0x1122334455667788;  // not on the header
   KvFrameBytes b = EncodeKvFrame(f);
-  EXPECT_EQ(b[4], 4);  // version
-  for (size_t i = 56; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;
+  EXPECT_EQ(b[4], 5);                                        // version
+  for (size_t i = 56; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;  // first_block
   auto decoded = DecodeKvFrame(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->header.checksum, 0u);
@@ -185,10 +186,26 @@ TEST(KvWireTest, ChecksumTravelsInTheTrailer) {
   // A version 2 header (checksum at offset 56) is refused by field.
   b[4] = 2;
   EXPECT_THAT(DecodeKvFrame(b).status().message(), HasSubstr("version 2"));
-  b[4] = 4;
-  b[60] = 1;
-  EXPECT_THAT(DecodeKvFrame(b).status().message(),
-              HasSubstr("reserved bytes [56, 64)"));
+  // first_block travels at offset 56; a layer carries at least one block.
+  f.header.first_block = 2;
+  b = EncodeKvFrame(f);
+  EXPECT_EQ(b[56], 2);
+  decoded = DecodeKvFrame(b);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->header.first_block, 2);
+  EXPECT_EQ(KvHeaderBlocks(decoded->header), 1);
+  EXPECT_EQ(KvHeaderPayloadBytes(decoded->header), kChunkBytes);
+  f.header.first_block = 3;
+  EXPECT_THAT(DecodeKvFrame(EncodeKvFrame(f)).status().message(),
+              HasSubstr("first_block 3 must be in [0, 3)"));
+  f.header.first_block = -1;
+  EXPECT_THAT(DecodeKvFrame(EncodeKvFrame(f)).status().message(),
+              HasSubstr("first_block -1"));
+  f.kind = KvFrameKind::kFinish;
+  f.header.first_block = 1;
+  f.header.payload_bytes = 0;
+  EXPECT_THAT(DecodeKvFrame(EncodeKvFrame(f)).status().message(),
+              HasSubstr("must be 0"));
 }
 
 // Sends layers [from, kLayers) of `src` as transfer `id` and finishes it;
@@ -201,6 +218,49 @@ void FinishTransferAndCheck(TcpKvSender& sender, const PrefillSide& src,
   EXPECT_TRUE(sender.Finish().ok());
   EXPECT_TRUE(decode.WaitDone(id).ok());
   for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(id, src, l);
+}
+
+// A receiver holding the sequence's first blocks (a cached prefix) gets
+// only the blocks after them: each layer's payload starts at first_block,
+// lands in the reserved blocks from there on, and never touches the blocks
+// before; a sender that disagrees on first_block is refused by field.
+TEST(TcpKvTransportTest, PartialTransferWritesOnlyTheBlocksAfterFirstBlock) {
+  constexpr int64_t kTokens = 70;  // 5 blocks
+  constexpr int64_t kFirst = 3;
+  PrefillSide src(64, kTokens, 9);
+  DecodeSide decode(40);
+  decode.Expect(31, kTokens, "", kFirst);
+  decode.Expect(32, kTokens, "", kFirst);
+  auto receiver = StartReceiver(decode);
+  auto send = [&](KvSender& sender, uint64_t id, int64_t layer,
+                  int64_t first_block) {
+    KvTransferHeader h = src.Header(id, layer);
+    h.first_block = first_block;
+    auto chunks =
+        src.cache->LayerChunks(src.table, layer, kTokens, first_block);
+    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    h.payload_bytes = chunks->size() * kChunkBytes;
+    EXPECT_EQ(h.payload_bytes, KvHeaderPayloadBytes(h));
+    return sender.SendLayerChunks(h, *chunks, nullptr);
+  };
+  auto sender = Connect(*receiver, 31);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(send(*sender, 31, l, kFirst).ok()) << l;
+  }
+  ASSERT_TRUE(sender->Finish().ok());
+  ASSERT_TRUE(decode.WaitDone(31).ok());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(decode.Untouched(31, l, 0, kFirst)) << l;
+    decode.ExpectSameKv(31, src, l, kFirst * 16);
+  }
+  // The whole sequence where the receiver expects the tail: refused before
+  // a byte lands.
+  auto whole = Connect(*receiver, 32);
+  absl::Status s = send(*whole, 32, 0, 0);
+  if (s.ok()) s = whole->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("first_block 0 vs expected 3"));
+  EXPECT_TRUE(decode.Untouched(32, 0));
 }
 
 TEST(TcpKvTransportTest, UnknownTransferIdIsNotFound) {

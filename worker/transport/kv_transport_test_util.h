@@ -106,10 +106,13 @@ class DecodeSide {
   KvCache* cache() { return cache_.get(); }
 
   // Reserves num_tokens and fills every layer of the blocks with kSentinel;
-  // the transfer's sender must prove `secret`.
-  void Expect(uint64_t id, int64_t num_tokens, std::string secret = "") {
+  // the transfer's sender must prove `secret`, and send the blocks from
+  // first_block on (the receiver holds those before it).
+  void Expect(uint64_t id, int64_t num_tokens, std::string secret = "",
+              int64_t first_block = 0) {
     absl::MutexLock lock(&mu_);
     secrets_[id] = std::move(secret);
+    first_blocks_[id] = first_block;
     BlockTable& t = tables_[id];
     ASSERT_TRUE(cache_->Reserve(t, num_tokens).ok());
     std::vector<uint8_t> fill(cache_->LayerBytesForTokens(num_tokens),
@@ -143,6 +146,7 @@ class DecodeSide {
       t.table = &it->second;
       t.expected_layout = cache_->layout();
       t.num_tokens = tokens_[id];
+      t.first_block = first_blocks_[id];
       t.expected_model_id = "smollm2-135m";
       t.expected_request_id = "req-" + std::to_string(id);
       t.cache_mutex = &cache_mu_;
@@ -184,11 +188,15 @@ class DecodeSide {
     return layers_[id];
   }
 
-  // True if every byte of (layer) in the transfer's blocks is kSentinel.
-  bool Untouched(uint64_t id, int64_t layer) {
+  // True if every byte of (layer) in the transfer's blocks [first, end) is
+  // kSentinel (end -1: every block).
+  bool Untouched(uint64_t id, int64_t layer, int64_t first = 0,
+                 int64_t end = -1) {
     absl::MutexLock lock(&mu_);
     const BlockTable& t = tables_[id];
-    for (int32_t b : t.block_ids()) {
+    std::span<const int32_t> ids = t.block_ids();
+    if (end >= 0) ids = ids.first(static_cast<size_t>(end));
+    for (int32_t b : ids.subspan(static_cast<size_t>(first))) {
       const uint8_t* p = cache_->LayerBlock(layer, b);
       for (uint64_t i = 0; i < cache_->chunk_bytes(); ++i) {
         if (p[i] != kSentinel) return false;
@@ -197,13 +205,15 @@ class DecodeSide {
     return true;
   }
 
-  // Every token of `layer` reads back as in the sender's pool.
-  void ExpectSameKv(uint64_t id, const PrefillSide& src, int64_t layer) {
+  // Every token of `layer` from position `from` on reads back as in the
+  // sender's pool.
+  void ExpectSameKv(uint64_t id, const PrefillSide& src, int64_t layer,
+                    int64_t from = 0) {
     absl::MutexLock lock(&mu_);
     const BlockTable& t = tables_[id];
     const size_t dim = static_cast<size_t>(cache_->layout().kv_dim());
     std::vector<float> k0(dim), v0(dim), k1(dim), v1(dim);
-    for (int64_t pos = 0; pos < src.table.num_tokens(); ++pos) {
+    for (int64_t pos = from; pos < src.table.num_tokens(); ++pos) {
       src.cache->ReadKv(src.table, layer, pos, k0.data(), v0.data());
       cache_->ReadKv(t, layer, pos, k1.data(), v1.data());
       ASSERT_EQ(std::memcmp(k0.data(), k1.data(), dim * 4), 0)
@@ -230,6 +240,7 @@ class DecodeSide {
   absl::Mutex mu_;
   std::map<uint64_t, BlockTable> tables_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, int64_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, int64_t> first_blocks_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<int64_t>> layers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> done_ ABSL_GUARDED_BY(mu_);

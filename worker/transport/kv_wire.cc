@@ -46,7 +46,7 @@ KvFrameBytes EncodeKvFrame(const KvFrame& frame) {
   Put<uint32_t>(&b[36], static_cast<uint32_t>(h.layout.dtype));
   Put<uint64_t>(&b[40], static_cast<uint64_t>(h.num_tokens));
   Put<uint64_t>(&b[48], h.payload_bytes);
-  Put<uint64_t>(&b[56], 0);  // reserved
+  Put<uint64_t>(&b[56], static_cast<uint64_t>(h.first_block));
   Put<uint16_t>(&b[64], static_cast<uint16_t>(h.request_id.size()));
   Put<uint16_t>(&b[66], static_cast<uint16_t>(h.model_id.size()));
   Put<uint32_t>(&b[68], frame.status_code);
@@ -84,11 +84,7 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
   h.layout.dtype = static_cast<DType>(Get<uint32_t>(b + 36));
   h.num_tokens = static_cast<int64_t>(Get<uint64_t>(b + 40));
   h.payload_bytes = Get<uint64_t>(b + 48);
-  if (const uint64_t reserved = Get<uint64_t>(b + 56); reserved != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV frame: reserved bytes [56, 64) must be 0, got 0x",
-                     absl::Hex(reserved)));
-  }
+  h.first_block = static_cast<int64_t>(Get<uint64_t>(b + 56));
   f.request_id_bytes = Get<uint16_t>(b + 64);
   f.model_id_bytes = Get<uint16_t>(b + 66);
   f.status_code = Get<uint32_t>(b + 68);
@@ -104,6 +100,17 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
       return absl::InvalidArgumentError(
           absl::StrCat("KV frame: num_tokens ", h.num_tokens, " must be >= 0"));
     }
+    const int64_t bs = h.layout.block_size;
+    const int64_t blocks = h.num_tokens / bs + (h.num_tokens % bs != 0);
+    if (h.first_block < 0 || (h.first_block > 0 && h.first_block >= blocks)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV frame: first_block ", h.first_block, " must be in [0, ", blocks,
+          ") (", h.num_tokens, " tokens; a layer carries at least one block)"));
+    }
+  } else if (h.first_block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame: first_block ", h.first_block,
+                     " must be 0 in a ", static_cast<int>(f.kind), " frame"));
   } else if (f.kind == KvFrameKind::kFinish || f.kind == KvFrameKind::kHello) {
     if (h.payload_bytes != 0) {
       return absl::InvalidArgumentError(

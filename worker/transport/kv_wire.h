@@ -5,10 +5,10 @@
 //
 //   off size field
 //     0    4 magic 0x5456_4B42 ("BKVT" in memory)
-//     4    2 version (4; version 3 had no hello / challenge / proof;
-//             version 2 carried the checksum at offset 56 of the header and
-//             had no trailer; version 1 also defined it as XXH3-64 of the
-//             whole payload)
+//     4    2 version (5; version 4 had no first_block (0 at offset 56);
+//             version 3 had no hello / challenge / proof; version 2 carried
+//             the checksum at offset 56 of the header and had no trailer;
+//             version 1 also defined it as XXH3-64 of the whole payload)
 //     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status, 5 hello,
 //             6 challenge, 7 proof
 //     8    8 transfer_id
@@ -20,7 +20,9 @@
 //    36    4 layout.dtype (ggml type id)
 //    40    8 num_tokens (two's complement)
 //    48    8 payload_bytes
-//    56    8 reserved, 0 (the checksum moved to the trailer)
+//    56    8 first_block: blocks of the sequence the receiver holds
+//             already and the payload leaves out (layer frames; 0 in
+//             others)
 //    64    2 request_id length  (<= kKvMaxIdBytes)
 //    66    2 model_id length    (<= kKvMaxIdBytes)
 //    68    4 status code (absl::StatusCode; abort and status frames)
@@ -58,7 +60,7 @@
 namespace baton {
 
 inline constexpr uint32_t kKvWireMagic = 0x54564B42;
-inline constexpr uint16_t kKvWireVersion = 4;
+inline constexpr uint16_t kKvWireVersion = 5;
 inline constexpr size_t kKvFrameHeaderBytes = 72;
 inline constexpr size_t kKvTrailerBytes = 8;
 inline constexpr size_t kKvMaxMessageBytes = 4096;
@@ -94,8 +96,8 @@ using KvFrameBytes = std::array<uint8_t, kKvFrameHeaderBytes>;
 KvFrameBytes EncodeKvFrame(const KvFrame& frame);
 
 // InvalidArgument naming the field for a bad magic, version, kind, id
-// length, message length, non-zero reserved bytes, or a layout/num_tokens
-// out of range.
+// length, message length, or a layout/num_tokens/first_block out of range
+// (a layer frame carries at least one block).
 absl::StatusOr<KvFrame> DecodeKvFrame(
     std::span<const uint8_t, kKvFrameHeaderBytes> bytes);
 

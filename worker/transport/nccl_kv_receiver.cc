@@ -231,20 +231,17 @@ absl::Status NcclKvReceiver::ServeLayer(Pair* pair, NcclPairComm& comm,
     if (status.ok()) {
       std::optional<absl::ReaderMutexLock> cache_lock;
       if (target.cache_mutex != nullptr) cache_lock.emplace(target.cache_mutex);
-      const int64_t blocks = target.cache->BlocksNeeded(f.header.num_tokens);
-      if (target.table->num_blocks() < blocks) {
-        status = absl::FailedPreconditionError(
-            absl::StrCat("KV transfer ", id, ": reserved table holds ",
-                         target.table->num_blocks(), " blocks, ", blocks,
-                         " needed for ", f.header.num_tokens, " tokens"));
+      absl::StatusOr<std::vector<int32_t>> blocks = KvTargetBlockIds(target);
+      if (!blocks.ok()) {
+        status = PrefixStatus(absl::StrCat("KV transfer ", id, ": "),
+                              blocks.status());
       } else {
         const uint64_t chunk = target.cache->chunk_bytes();
         uint8_t* base = static_cast<uint8_t*>(t->target.device_pool);
-        for (int64_t i = 0; i < blocks; ++i) {
-          const uint64_t block = target.table->block_ids()[i];
+        for (const int32_t block : *blocks) {
           const uint64_t offset = (static_cast<uint64_t>(f.header.layer) *
                                        target.cache->num_blocks_total() +
-                                   block) *
+                                   static_cast<uint64_t>(block)) *
                                   chunk;
           ops.push_back({NcclApi::P2pOp::Kind::kRecv, base + offset, chunk});
         }

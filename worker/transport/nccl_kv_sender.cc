@@ -77,6 +77,12 @@ absl::Status NcclKvSender::CheckHeader(const KvTransferHeader& header) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV header num_tokens must be >= 0, got ", header.num_tokens));
   }
+  if (header.first_block < 0 ||
+      (header.first_block > 0 && KvHeaderBlocks(header) == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV header first_block ", header.first_block, " leaves no block of ",
+        header.num_tokens, " tokens to send"));
+  }
   return absl::OkStatus();
 }
 
@@ -129,8 +135,7 @@ absl::Status NcclKvSender::SendLayerFromPool(
   if (!error_.ok()) return error_;
   BATON_RETURN_IF_ERROR(CheckHeader(header));
   const uint64_t chunk = header.layout.chunk_bytes();
-  const int64_t blocks = (header.num_tokens + header.layout.block_size - 1) /
-                         header.layout.block_size;
+  const int64_t blocks = KvHeaderBlocks(header);
   if (source.device_pool == nullptr ||
       static_cast<int64_t>(source.block_ids.size()) < blocks ||
       header.payload_bytes != static_cast<uint64_t>(blocks) * chunk ||
