@@ -211,6 +211,7 @@ Json RemoteJson(const GenerateCall& call, bool logprobs, bool show_probs) {
                   {"kv_transfer_bytes", t.kv_transfer_bytes()},
                   {"kv_transfer_ms", t.kv_transfer_ms()},
                   {"kv_transfer_exposed_ms", t.kv_transfer_exposed_ms()},
+                  {"kv_transfer_cached_tokens", t.kv_transfer_cached_tokens()},
                   {"ttft_ms", t.ttft_ms()},
                   {"decode_tokens_per_s", t.decode_tokens_per_s()},
                   {"total_ms", t.total_ms()}};

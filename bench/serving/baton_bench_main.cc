@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, dataset_path, "",
 ABSL_FLAG(int32_t, num_prompts, 1000, "requests to send");
 ABSL_FLAG(int32_t, random_input_len, 1024, "random: mean prompt tokens");
 ABSL_FLAG(int32_t, random_output_len, 128, "random: mean output tokens");
+ABSL_FLAG(int32_t, random_prefix_len, 0,
+          "random: tokens of a prefix every prompt starts with (shared-prefix "
+          "workload; the prompt is this plus --random-input-len)");
 ABSL_FLAG(double, random_range_ratio, 0.0,
           "random: in [0, 1); lengths uniform in [len*(1-r), len*(1+r)]");
 ABSL_FLAG(std::string, vocab_range, "1000:40000",
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
   o.dataset_name = absl::GetFlag(FLAGS_dataset_name);
   o.random.num_prompts = absl::GetFlag(FLAGS_num_prompts);
   o.random.input_len = absl::GetFlag(FLAGS_random_input_len);
+  o.random.prefix_len = absl::GetFlag(FLAGS_random_prefix_len);
   o.random.output_len = absl::GetFlag(FLAGS_random_output_len);
   o.random.range_ratio = absl::GetFlag(FLAGS_random_range_ratio);
   const std::pair<std::string, std::string> vocab =

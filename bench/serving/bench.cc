@@ -121,6 +121,7 @@ Json ConfigJson(const BenchOptions& o, const std::string& model) {
             {"cpus", o.cpus}};
   if (o.dataset_name == "random") {
     j["random_input_len"] = o.random.input_len;
+    j["random_prefix_len"] = o.random.prefix_len;
     j["random_output_len"] = o.random.output_len;
     j["random_range_ratio"] = o.random.range_ratio;
     j["vocab_range"] = {o.random.vocab_begin, o.random.vocab_end};

@@ -87,6 +87,10 @@ absl::Status ValidateRandomDatasetOptions(const RandomDatasetOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--random-output-len must be >= 1, got ", options.output_len));
   }
+  if (options.prefix_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--random-prefix-len must be >= 0, got ", options.prefix_len));
+  }
   if (!(options.range_ratio >= 0 && options.range_ratio < 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--random-range-ratio must be in [0, 1), got ", options.range_ratio));
@@ -108,12 +112,18 @@ absl::StatusOr<std::vector<BenchPrompt>> SampleRandomPrompts(
   auto output_len = LengthDistribution(options.output_len, options.range_ratio);
   std::uniform_int_distribution<int32_t> token(options.vocab_begin,
                                                options.vocab_end - 1);
+  std::vector<int32_t> prefix(static_cast<size_t>(options.prefix_len));
+  for (int32_t& id : prefix) id = token(rng);
   std::vector<BenchPrompt> prompts(options.num_prompts);
   for (BenchPrompt& p : prompts) {
-    p.input_len = input_len(rng);
+    const int own = input_len(rng);
     p.output_len = output_len(rng);
-    p.token_ids.resize(p.input_len);
-    for (int32_t& id : p.token_ids) id = token(rng);
+    p.input_len = options.prefix_len + own;
+    p.token_ids = prefix;
+    p.token_ids.resize(static_cast<size_t>(p.input_len));
+    for (size_t i = prefix.size(); i < p.token_ids.size(); ++i) {
+      p.token_ids[i] = token(rng);
+    }
   }
   return prompts;
 }

@@ -36,6 +36,11 @@ struct RandomDatasetOptions {
   // In [0, 1): each length is uniform over the integers in
   // [floor(len * (1 - ratio)), ceil(len * (1 + ratio))], at least 1.
   double range_ratio = 0.0;
+  // Tokens of a prefix every prompt starts with (drawn once, then each
+  // prompt's own input_len tokens follow), as vLLM's --random-prefix-len:
+  // the shared-prefix workload of a system prompt or few-shot preamble.
+  // >= 0.
+  int prefix_len = 0;
   // Prompt token ids are uniform in [vocab_begin, vocab_end): a range of
   // ordinary tokens (no special or byte tokens) of the served vocabulary.
   int32_t vocab_begin = 1000;

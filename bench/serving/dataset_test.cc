@@ -1,5 +1,6 @@
 #include "bench/serving/dataset.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <string>
@@ -90,6 +91,34 @@ TEST(BenchRandomDatasetTest, ZeroRatioGivesExactLengthsAndSeedReproduces) {
   EXPECT_NE((*a)[0].token_ids, (*c)[0].token_ids);
 }
 
+// Shared-prefix mode: every prompt opens with the same prefix_len tokens,
+// then its own input_len; without a prefix the prompts are those drawn
+// before (the prefix takes no draws).
+TEST(BenchRandomDatasetTest, PrefixLenSharesTheFirstTokensOfEveryPrompt) {
+  RandomDatasetOptions o;
+  o.num_prompts = 6;
+  o.input_len = 20;
+  o.output_len = 4;
+  auto plain = SampleRandomPrompts(o, 3);
+  o.prefix_len = 48;
+  auto shared = SampleRandomPrompts(o, 3);
+  o.prefix_len = 0;
+  auto again = SampleRandomPrompts(o, 3);
+  ASSERT_TRUE(plain.ok() && shared.ok() && again.ok());
+  for (size_t i = 0; i < shared->size(); ++i) {
+    const BenchPrompt& p = (*shared)[i];
+    EXPECT_EQ(p.input_len, 68);
+    ASSERT_EQ(p.token_ids.size(), 68u);
+    EXPECT_TRUE(std::equal(p.token_ids.begin(), p.token_ids.begin() + 48,
+                           (*shared)[0].token_ids.begin()));
+    EXPECT_EQ((*again)[i].token_ids, (*plain)[i].token_ids);
+  }
+  EXPECT_NE(std::vector<int32_t>((*shared)[0].token_ids.begin() + 48,
+                                 (*shared)[0].token_ids.end()),
+            std::vector<int32_t>((*shared)[1].token_ids.begin() + 48,
+                                 (*shared)[1].token_ids.end()));
+}
+
 TEST(BenchRandomDatasetTest, RejectsBadOptions) {
   const auto code = [](auto mutate) {
     RandomDatasetOptions o;
@@ -102,6 +131,7 @@ TEST(BenchRandomDatasetTest, RejectsBadOptions) {
   EXPECT_EQ(code([](auto& o) { o.input_len = 0; }), kBad);
   EXPECT_EQ(code([](auto& o) { o.output_len = 0; }), kBad);
   EXPECT_EQ(code([](auto& o) { o.num_prompts = 0; }), kBad);
+  EXPECT_EQ(code([](auto& o) { o.prefix_len = -1; }), kBad);
   EXPECT_EQ(code([](auto& o) { o.vocab_end = o.vocab_begin; }), kBad);
 }
 
