@@ -13,6 +13,7 @@
 #     --concurrency=N      conversations in flight (default 8)
 #     --kv_cache_mib=N     KV pool per worker (default 1024)
 #     --threads=N          compute threads per worker (default 1)
+#     --caches=LIST        cache settings to run, in order (default on,off)
 #     --out=DIR            result JSON files (default a new temp dir)
 #     --bin=DIR            the binaries (default build/bin; built if absent)
 # Prints the host (CPU model, ISA path) and one line per run.
@@ -20,6 +21,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHAPES=2C,1P1D CONVERSATIONS=32 TURNS=8 SYSTEM_LEN=512 USER_LEN=64
 OUTPUT_LEN=64 CONCURRENCY=8 KV_MIB=1024 THREADS=1 OUT="" BIN="$ROOT/build/bin"
+CACHES=on,off
 for arg in "$@"; do
   case "$arg" in
     --shapes=*) SHAPES="${arg#*=}" ;;
@@ -31,6 +33,7 @@ for arg in "$@"; do
     --concurrency=*) CONCURRENCY="${arg#*=}" ;;
     --kv_cache_mib=*) KV_MIB="${arg#*=}" ;;
     --threads=*) THREADS="${arg#*=}" ;;
+    --caches=*) CACHES="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *) echo "prefix_bench: unknown argument '$arg'" >&2; exit 2 ;;
@@ -46,8 +49,13 @@ echo "workload: $CONVERSATIONS conversations x $TURNS turns, system $SYSTEM_LEN,
   "user $USER_LEN, output $OUTPUT_LEN tokens, $CONCURRENCY in flight;" \
   "KV pool $KV_MIB MiB and $THREADS threads per worker"
 IFS=, read -r -a shapes <<<"$SHAPES"
+IFS=, read -r -a caches <<<"$CACHES"
+for cache in "${caches[@]}"; do
+  [[ "$cache" == on || "$cache" == off ]] ||
+    { echo "prefix_bench: --caches takes on and off, got '$cache'" >&2; exit 2; }
+done
 for shape in "${shapes[@]}"; do
-  for cache in on off; do
+  for cache in "${caches[@]}"; do
     file="$OUT/$shape-cache-$cache.json"
     bash "$ROOT/scripts/local_cluster.sh" "$shape" --no-build --bin="$BIN" \
       --kv_cache_mib="$KV_MIB" --threads="$THREADS" --worker_flag=--prefix_cache="$cache" -- \
