@@ -6,6 +6,7 @@
 // receives only the blocks it lacks.
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -94,6 +95,42 @@ class ClusterPrefixCacheTest : public ::testing::Test {
     return -1;
   }
 
+  struct Conversation {
+    std::vector<int32_t> turn1;
+    StreamResult first;
+  };
+
+  // Two conversations whose first turns run at once, with prompts
+  // prompt(attempt, c): the coordinator counts the first one's claim when
+  // it routes the second, so they land on different workers of the phase
+  // (`decode` or prefill). Set up again, a bounded number of times, if
+  // not: that is a precondition, not the check.
+  std::vector<Conversation> StartTwoConversations(
+      const std::function<std::string(int attempt, int c)>& prompt,
+      bool decode) {
+    auto worker = [decode](const Conversation& c) {
+      return decode ? c.first.result.decode_worker().worker_id()
+                    : c.first.result.prefill_worker().worker_id();
+    };
+    std::vector<Conversation> convs(2);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      for (int c = 0; c < 2; ++c) convs[c].turn1 = Tokenize(prompt(attempt, c));
+      std::thread other([&] {
+        convs[1].first = RunGenerate(cluster_->baton(), Ids(convs[1].turn1));
+      });
+      convs[0].first = RunGenerate(cluster_->baton(), Ids(convs[0].turn1));
+      other.join();
+      for (const Conversation& c : convs) {
+        EXPECT_TRUE(c.first.has_result) << Describe(c.first);
+        if (!c.first.has_result) return {};
+      }
+      if (worker(convs[0]) != worker(convs[1])) return convs;
+    }
+    ADD_FAILURE() << "five pairs of concurrent first turns all landed on one "
+                  << (decode ? "decode" : "prefill") << " worker";
+    return {};
+  }
+
   std::unique_ptr<LocalCluster> cluster_;
 };
 
@@ -106,59 +143,24 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   cluster_ = std::move(*cluster);
 
-  // Two conversations whose first turns run at once, so least-loaded puts
-  // them on different workers (the first claim counts as queued work when
-  // the second is routed). Set up again, a bounded number of times, if
-  // both landed on one worker: that is a precondition, not the check.
-  struct Conversation {
-    std::vector<int32_t> turn1;
-    StreamResult first;
-  };
-  std::vector<Conversation> convs(2);
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    for (int c = 0; c < 2; ++c) {
-      convs[c].turn1 = Tokenize(absl::StrCat(
-          "<|im_start|>system\nYou are assistant number ", attempt * 2 + c,
-          ". You answer briefly and you always name one example.<|im_end|>\n"
-          "<|im_start|>user\nTell me about ",
-          c == 0 ? "rivers" : "mountains", ".<|im_end|>\n",
-          "<|im_start|>assistant\n"));
-    }
-    std::thread other([&] {
-      convs[1].first = RunGenerate(cluster_->baton(), Ids(convs[1].turn1));
-    });
-    convs[0].first = RunGenerate(cluster_->baton(), Ids(convs[0].turn1));
-    other.join();
-    for (const Conversation& c : convs) {
-      ASSERT_TRUE(c.first.has_result) << Describe(c.first);
-      ASSERT_EQ(c.first.result.usage().cached_tokens(), 0);
-    }
-    if (convs[0].first.result.prefill_worker().worker_id() !=
-        convs[1].first.result.prefill_worker().worker_id()) {
-      break;
-    }
-  }
-  ASSERT_NE(convs[0].first.result.prefill_worker().worker_id(),
-            convs[1].first.result.prefill_worker().worker_id())
-      << "five pairs of concurrent first turns all landed on one worker";
-
-  // The turns' blocks reach the coordinator with the next heartbeats.
-  const absl::Time until = absl::Now() + DefaultTestDeadline();
-  auto indexed = [&] {
-    std::map<std::string, int64_t> blocks = IndexedBlocks();
-    for (const Conversation& c : convs) {
-      const int64_t fed =
-          static_cast<int64_t>(c.turn1.size() + c.first.tokens.size()) - 1;
-      if (blocks[c.first.result.prefill_worker().worker_id()] <
-          fed / kBlockSize) {
-        return false;
-      }
-    }
-    return true;
-  };
-  while (!indexed()) {
-    ASSERT_LT(absl::Now(), until) << "the coordinator never indexed the turns";
-    absl::SleepFor(absl::Milliseconds(20));
+  // Two conversations on different workers.
+  const std::vector<Conversation> convs = StartTwoConversations(
+      [](int attempt, int c) {
+        return absl::StrCat(
+            "<|im_start|>system\nYou are assistant number ", attempt * 2 + c,
+            ". You answer briefly and you always name one example.<|im_end|>"
+            "\n<|im_start|>user\nTell me about ",
+            c == 0 ? "rivers" : "mountains", ".<|im_end|>\n",
+            "<|im_start|>assistant\n");
+      },
+      /*decode=*/false);
+  ASSERT_EQ(convs.size(), 2u);
+  for (const Conversation& c : convs) {
+    ASSERT_EQ(c.first.result.usage().cached_tokens(), 0);
+    // The turn's blocks reach the coordinator with the next heartbeats.
+    const int64_t fed =
+        static_cast<int64_t>(c.turn1.size() + c.first.tokens.size()) - 1;
+    WaitIndexed(c.first.result.prefill_worker().worker_id(), fed / kBlockSize);
   }
 
   const std::vector<int32_t> next = Tokenize(
@@ -228,42 +230,21 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
     metrics_of[w.address] = line->substr(marker.size());
   }
 
-  // First turns at once: the coordinator counts the first one's reserved
-  // blocks when it routes the second, so they go to different decode
-  // workers. Set up again, a bounded number of times, if not: that is a
-  // precondition, not the check.
-  struct Conversation {
-    std::vector<int32_t> turn1;
-    StreamResult first;
-  };
-  std::vector<Conversation> convs(2);
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    for (int c = 0; c < 2; ++c) {
-      convs[c].turn1 = Tokenize(absl::StrCat(
-          "<|im_start|>system\nYou are careful assistant number ",
-          attempt * 2 + c,
-          ". You answer in full sentences, you give one example for every "
-          "claim, and you never use lists.<|im_end|>\n<|im_start|>user\nWhy "
-          "do ",
-          c == 0 ? "rivers meander across flat land" : "glaciers carve valleys",
-          "?<|im_end|>\n<|im_start|>assistant\n"));
-    }
-    std::thread other([&] {
-      convs[1].first = RunGenerate(cluster_->baton(), Ids(convs[1].turn1));
-    });
-    convs[0].first = RunGenerate(cluster_->baton(), Ids(convs[0].turn1));
-    other.join();
-    for (const Conversation& c : convs) {
-      ASSERT_TRUE(c.first.has_result) << Describe(c.first);
-    }
-    if (convs[0].first.result.decode_worker().worker_id() !=
-        convs[1].first.result.decode_worker().worker_id()) {
-      break;
-    }
-  }
-  ASSERT_NE(convs[0].first.result.decode_worker().worker_id(),
-            convs[1].first.result.decode_worker().worker_id())
-      << "five pairs of concurrent first turns all decoded on one worker";
+  // Two conversations on different decode workers.
+  const std::vector<Conversation> convs = StartTwoConversations(
+      [](int attempt, int c) {
+        return absl::StrCat(
+            "<|im_start|>system\nYou are careful assistant number ",
+            attempt * 2 + c,
+            ". You answer in full sentences, you give one example for every "
+            "claim, and you never use lists.<|im_end|>\n<|im_start|>user\n"
+            "Why do ",
+            c == 0 ? "rivers meander across flat land"
+                   : "glaciers carve valleys",
+            "?<|im_end|>\n<|im_start|>assistant\n");
+      },
+      /*decode=*/true);
+  ASSERT_EQ(convs.size(), 2u);
 
   const std::vector<int32_t> next = Tokenize(
       "<|im_end|>\n<|im_start|>user\nAnd what about mountain streams?"
