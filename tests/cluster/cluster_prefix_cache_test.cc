@@ -62,6 +62,17 @@ class ClusterPrefixCacheTest : public ::testing::Test {
     return out;
   }
 
+  // Baton.ResetPrefixCache: the number of workers that emptied theirs, or
+  // -1 (a test failure) if the call failed.
+  int ResetPrefixCache() {
+    grpc::ClientContext context;
+    v1::ResetPrefixCacheResponse reset;
+    const grpc::Status s = cluster_->baton().ResetPrefixCache(
+        &context, v1::ResetPrefixCacheRequest(), &reset);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return s.ok() ? reset.workers_reset() : -1;
+  }
+
   // Blocks the coordinator's index holds for `worker` reach at least
   // `blocks` (the heartbeats carry them); fails the test otherwise.
   void WaitIndexed(const std::string& worker, int64_t blocks) {
@@ -190,13 +201,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
   }
 
   // A cold cache gives the same answers.
-  grpc::ClientContext context;
-  v1::ResetPrefixCacheResponse reset;
-  ASSERT_TRUE(
-      cluster_->baton()
-          .ResetPrefixCache(&context, v1::ResetPrefixCacheRequest(), &reset)
-          .ok());
-  EXPECT_EQ(reset.workers_reset(), 2);
+  EXPECT_EQ(ResetPrefixCache(), 2);
   for (int c = 0; c < 2; ++c) {
     StreamResult cold = RunGenerate(cluster_->baton(), turn2s[c]);
     ASSERT_TRUE(cold.has_result) << Describe(cold);
@@ -300,13 +305,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
   }
 
   // A cold cache sends everything and answers the same.
-  grpc::ClientContext context;
-  v1::ResetPrefixCacheResponse reset;
-  ASSERT_TRUE(
-      cluster_->baton()
-          .ResetPrefixCache(&context, v1::ResetPrefixCacheRequest(), &reset)
-          .ok());
-  EXPECT_EQ(reset.workers_reset(), 3);
+  EXPECT_EQ(ResetPrefixCache(), 3);
   for (int c = 0; c < 2; ++c) {
     const StreamResult cold = RunGenerate(cluster_->baton(), turn2s[c]);
     ASSERT_TRUE(cold.has_result) << Describe(cold);
