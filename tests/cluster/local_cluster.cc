@@ -343,13 +343,19 @@ absl::Status LocalCluster::WaitAllFree(absl::Duration timeout) {
                               " unreachable: ", rpc.error_message());
         break;
       }
-      if (status.load().kv_blocks_free() != status.load().kv_blocks_total() ||
+      // No block used by a request; free (cached prefixes included) and
+      // used account for every block.
+      const v1::WorkerLoad& load = status.load();
+      if (load.kv_blocks_used() != 0 ||
+          load.kv_blocks_free() != load.kv_blocks_total() ||
+          load.kv_blocks_cached() > load.kv_blocks_free() ||
           status.leased_request_ids_size() > 0) {
         holder = absl::StrCat(
-            w.role, " worker ", w.address, ": kv_blocks_free ",
-            status.load().kv_blocks_free(), " of ",
-            status.load().kv_blocks_total(), ", ",
-            status.leased_request_ids_size(), " leased requests",
+            w.role, " worker ", w.address, ": kv_blocks_used ",
+            load.kv_blocks_used(), ", kv_blocks_free ", load.kv_blocks_free(),
+            " (", load.kv_blocks_cached(), " cached) of ",
+            load.kv_blocks_total(), ", ", status.leased_request_ids_size(),
+            " leased requests",
             status.leased_request_ids_size() > 0
                 ? absl::StrCat(" (first '", status.leased_request_ids(0), "')")
                 : "");

@@ -160,6 +160,7 @@ EngineStats Engine::stats() {
   s.kv_blocks_total = cache_->num_blocks_total();
   s.kv_blocks_free = cache_->num_blocks_free();
   s.kv_blocks_cached = cache_->num_blocks_cached();
+  s.kv_blocks_used = cache_->allocator().num_blocks_used();
   s.kv_evictions = cache_->allocator().num_evictions();
   s.prefix_query_tokens =
       published_prefix_queries_.load(std::memory_order_relaxed) +
