@@ -34,6 +34,11 @@ TESTS=(kernels/cuda/cuda_elementwise_test kernels/cuda/cuda_paged_attention_test
 BENCHES=(bin/cuda_forward_bench)
 # Started by cuda_ipc_kv_gpu_test as the receiving process; the cluster
 # binaries for the 1P1D smoke run (CPU workers, then GPU workers).
+# Limits per test binary, benchmark and cluster run, sized so one device call
+# of a few minutes holds the whole check (a GPU runs each in seconds).
+TEST_TIMEOUT_S="${BATON_GPU_TEST_TIMEOUT_S:-150}"
+BENCH_TIMEOUT_S="${BATON_GPU_BENCH_TIMEOUT_S:-150}"
+CLUSTER_TIMEOUT_S="${BATON_GPU_CLUSTER_TIMEOUT_S:-90}"
 HELPERS=(worker/transport/cuda_ipc_kv_probe bin/baton-coordinator
   bin/baton-worker bin/baton)
 
@@ -76,6 +81,14 @@ pack() {
   echo "bundle ready: carry gpu-model-a first (--stash-model-part), then gpu-bundle and gpu-model-b"
 }
 
+# Tests whose figures (GB/s) need the GPU to themselves.
+is_timed() {
+  case "$1" in
+    cuda_ipc_kv_gpu_test | nccl_self_send_test | nccl_kv_transport_test) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 # Directories holding the GPU machine's CUDA libraries (toolkit, or the
 # Python wheels' nvidia/*/lib).
 cuda_lib_path() {
@@ -102,7 +115,7 @@ cluster_smoke() {  # out loader libpath model
   for dev in cpu cuda:0; do
     local tag="cluster-${dev/:/}"
     echo "== 1P1D cluster, --device=$dev"
-    timeout 180 "$ROOT/scripts/local_cluster.sh" 1P1D --no-build --bin="$wrap" \
+    timeout "$CLUSTER_TIMEOUT_S" "$ROOT/scripts/local_cluster.sh" 1P1D --no-build --bin="$wrap" \
       --device="$dev" --model="$model" --logs="$out/$tag" -- sh -c \
       '"$0" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=24' \
       "$wrap/baton" "What is the capital of France?" >"$out/$tag.txt" \
@@ -144,15 +157,27 @@ run_all() {
     echo "date: $(date -u +%F' '%TZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   } | tee "$out/device.txt"
-  local status=0
+  # The correctness tests run side by side (one GPU has room for all of
+  # them); the ones that print a bandwidth, and the benchmark, run alone.
+  local status=0 names=() pids=()
+  run_test() {  # name
+    timeout "$TEST_TIMEOUT_S" "$loader" --library-path "$libpath" \
+      "$BUNDLE/bin/$1" --gtest_color=no >"$out/$1.log" 2>&1
+    echo $? >"$out/$1.rc"
+  }
   for t in "${TESTS[@]}"; do
-    local name
-    name="$(basename "$t")"
-    echo "== $name"
-    timeout 240 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
-      --gtest_color=no >"$out/$name.log" 2>&1
-    local rc=$?
+    names+=("$(basename "$t")")
+    is_timed "${names[-1]}" || { run_test "${names[-1]}" & pids+=($!); }
+  done
+  wait "${pids[@]}"
+  for name in "${names[@]}"; do
+    is_timed "$name" && run_test "$name"
+  done
+  for name in "${names[@]}"; do
+    local rc
+    rc="$(cat "$out/$name.rc")"
     [[ $rc -ne 0 ]] && status=1
+    echo "== $name"
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? ran' "$out/$name.log" | tail -4
     echo "   exit $rc"
   done
@@ -160,7 +185,7 @@ run_all() {
     local name
     name="$(basename "$b")"
     echo "== $name"
-    timeout 240 "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
+    timeout "$BENCH_TIMEOUT_S" "$loader" --library-path "$libpath" "$BUNDLE/bin/$name" \
       >"$out/$name.log" 2>&1
     echo "   exit $?"
   done

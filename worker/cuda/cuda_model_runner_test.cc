@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/float16.h"
@@ -25,6 +26,23 @@ using ::testing::HasSubstr;
 
 class CudaModelRunnerTest : public testing::DefaultModelTest {
  protected:
+  // The precision reference beside the default model: its weights
+  // dequantized to f32, run by the CPU runner with f32 activations.
+  static void SetUpTestSuite() {
+    DefaultModelTest::SetUpTestSuite();
+    if (HasFatalFailure()) return;
+    ModelWeightsOptions options;
+    options.matrices_as_f32 = true;
+    auto reference = ModelWeights::Open(testing::DefaultModelPath(), options);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    reference_ = reference->release();
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+    DefaultModelTest::TearDownTestSuite();
+  }
+
   static KvLayout Layout() {
     const ModelConfig& c = weights_->config();
     KvLayout layout;
@@ -35,7 +53,39 @@ class CudaModelRunnerTest : public testing::DefaultModelTest {
     layout.dtype = DType::kF16;
     return layout;
   }
+
+  static inline ModelWeights* reference_ = nullptr;
 };
+
+void PrintComparison(const char* what, const LogitsComparison& c,
+                     int64_t rows) {
+  std::printf(
+      "%s, %lld rows: top-1 agreement %.4f, mean KL %.3g, max KL %.3g, max "
+      "|logit diff| %.4g\n",
+      what, static_cast<long long>(rows), c.top1_agreement, c.mean_kl, c.max_kl,
+      c.max_abs_diff);
+  for (const auto& [row, margin] : c.mismatches) {
+    std::printf("  top-1 differs at row %lld (reference margin %.4f)\n",
+                static_cast<long long>(row), margin);
+  }
+}
+
+// Each runner is measured against the f32 reference; the GPU's bf16 path
+// must come about as close to it as the CPU engine's 8-bit activations do
+// (mean KL within 1.5x, at most 1% more rows whose top-1 differs), and its
+// error must stay small in absolute terms (mean KL < 0.05 nats).
+void ExpectAsPreciseAsTheCpuEngine(const LogitsComparison& gpu,
+                                   const LogitsComparison& cpu, int64_t rows,
+                                   const char* what) {
+  PrintComparison(absl::StrCat(what, ": CPU engine vs f32 reference").c_str(),
+                  cpu, rows);
+  PrintComparison(absl::StrCat(what, ": GPU vs f32 reference").c_str(), gpu,
+                  rows);
+  EXPECT_LE(gpu.mean_kl, 1.5 * cpu.mean_kl) << what;
+  EXPECT_LE(gpu.mismatches.size(), cpu.mismatches.size() + rows / 100) << what;
+  EXPECT_LT(gpu.mean_kl, 0.05) << what;
+  EXPECT_TRUE(std::isfinite(gpu.max_abs_diff)) << what;
+}
 
 TEST_F(CudaModelRunnerTest, CreateRejectsBadArgumentsBeforeTouchingADevice) {
   const KvLayout good = Layout();
@@ -173,7 +223,10 @@ TEST_F(CudaModelRunnerTest, ForwardRejectsBadItemsAndStaysHealthy) {
   allocator->Free(table);
 }
 
-TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
+// Teacher-forced logits of the whole text on three runners: the precision
+// reference (CPU, f32 weights and activations), the CPU engine (8-bit
+// activations) and the GPU (bf16 weights and GEMM inputs, f32 accumulation).
+TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchTheReference) {
   BATON_SKIP_WITHOUT_CUDA();
   const std::vector<int32_t> tokens = tokenizer_->Encode(kTeacherText);
   ASSERT_GE(tokens.size(), 150u) << "the fixed text is too short";
@@ -182,12 +235,17 @@ TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
   const int64_t blocks = (static_cast<int64_t>(tokens.size()) + 15) / 16 + 2;
 
   auto cpu = MakeCpuForward(weights_, blocks);
+  auto ref = MakeCpuForward(reference_, blocks);
   ASSERT_NE(cpu, nullptr);
-  BlockTable cpu_table;
+  ASSERT_NE(ref, nullptr);
+  BlockTable cpu_table, ref_table;
   ASSERT_TRUE(cpu->cache->Reserve(cpu_table, tokens.size()).ok());
-  std::vector<float> cpu_logits;
+  ASSERT_TRUE(ref->cache->Reserve(ref_table, tokens.size()).ok());
+  std::vector<float> cpu_logits, ref_logits;
   const ForwardItem cpu_item{&cpu_table, 0, tokens, LogitsMode::kAll};
+  const ForwardItem ref_item{&ref_table, 0, tokens, LogitsMode::kAll};
   ASSERT_TRUE(cpu->runner->Forward({&cpu_item, 1}, &cpu_logits).ok());
+  ASSERT_TRUE(ref->runner->Forward({&ref_item, 1}, &ref_logits).ok());
 
   // 64 logit rows per LM-head pass: several passes and a partial one.
   auto gpu = MakeGpuForward(weights_, blocks, /*max_batch_tokens=*/512,
@@ -206,31 +264,28 @@ TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
   EXPECT_EQ(gpu_table.num_tokens(), static_cast<int64_t>(tokens.size()));
   ASSERT_EQ(static_cast<int64_t>(layers_done.size()), c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) EXPECT_EQ(layers_done[l], l);
-  ASSERT_EQ(gpu_logits.size(), cpu_logits.size());
+  ASSERT_EQ(gpu_logits.size(), ref_logits.size());
+  ASSERT_EQ(cpu_logits.size(), ref_logits.size());
 
-  const LogitsComparison cmp = CompareLogits(
-      cpu_logits, gpu_logits, static_cast<int64_t>(tokens.size()), vocab);
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  const LogitsComparison gpu_cmp =
+      CompareLogits(ref_logits, gpu_logits, rows, vocab);
+  const LogitsComparison cpu_cmp =
+      CompareLogits(ref_logits, cpu_logits, rows, vocab);
+  PrintComparison("teacher forced: GPU vs CPU engine",
+                  CompareLogits(cpu_logits, gpu_logits, rows, vocab), rows);
+  ExpectAsPreciseAsTheCpuEngine(gpu_cmp, cpu_cmp, rows, "teacher forced");
+  // For the GPU check's table: the share of positions whose top-1 differs
+  // from the reference, bounded by the CPU engine's; mean KL likewise.
   std::printf(
-      "whole model, %zu teacher-forced tokens: top-1 agreement %.4f, mean "
-      "KL(cpu||gpu) %.3g, max KL %.3g, max |logit diff| %.4g\n",
-      tokens.size(), cmp.top1_agreement, cmp.mean_kl, cmp.max_kl,
-      cmp.max_abs_diff);
-  for (const auto& [row, margin] : cmp.mismatches) {
-    std::printf("  top-1 differs at position %lld (cpu top-2 margin %.4f)\n",
-                static_cast<long long>(row), margin);
-  }
-  std::printf(
-      "BATON_KERNEL_ERROR op=whole_model case=smollm2_teacher_forced "
-      "max_abs=%.6g atol=0.01 rtol=0\n",
-      1.0 - cmp.top1_agreement);
-  // KL in nats, mean over positions; bound for bf16 weights and activations.
+      "BATON_KERNEL_ERROR op=whole_model_top1 case=smollm2_teacher_forced "
+      "max_abs=%.6g atol=%.6g rtol=0\n",
+      1.0 - gpu_cmp.top1_agreement, 1.0 - cpu_cmp.top1_agreement);
   std::printf(
       "BATON_KERNEL_ERROR op=whole_model_kl case=smollm2_teacher_forced "
-      "max_abs=%.6g atol=0.05 rtol=0\n",
-      cmp.mean_kl);
-  EXPECT_GE(cmp.top1_agreement, 0.99);
-  EXPECT_LT(cmp.mean_kl, 0.05);
-  EXPECT_TRUE(std::isfinite(cmp.max_abs_diff));
+      "max_abs=%.6g atol=%.6g rtol=0\n",
+      gpu_cmp.mean_kl, 1.5 * cpu_cmp.mean_kl);
+  ref->cache->Free(ref_table);
 
   // The K/V of layer 0 in the device pool, read back in the pool layout,
   // against the CPU cache's. Tolerance: atol = 2% of the largest |value|
@@ -243,7 +298,7 @@ TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
                                   pool.size() * 2, cudaMemcpyDeviceToHost));
   const int64_t kv_dim = layout.kv_dim();
   const int64_t half_chunk = kv_dim * layout.block_size;
-  std::vector<float> got, ref, k(kv_dim), v(kv_dim);
+  std::vector<float> got, want, k(kv_dim), v(kv_dim);
   for (int64_t p = 0; p < static_cast<int64_t>(tokens.size()); ++p) {
     cpu->cache->ReadKv(cpu_table, 0, p, k.data(), v.data());
     const int64_t block = gpu_table.block_ids()[p / layout.block_size];
@@ -255,15 +310,15 @@ TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
               (block * 2 + kv) * half_chunk +
               (h * layout.block_size + slot) * layout.head_dim + d;
           got.push_back(F16ToF32(pool[index]));
-          ref.push_back((kv == 0 ? k : v)[h * layout.head_dim + d]);
+          want.push_back((kv == 0 ? k : v)[h * layout.head_dim + d]);
         }
       }
     }
   }
   float largest = 0;
-  for (float x : ref) largest = std::max(largest, std::fabs(x));
+  for (float x : want) largest = std::max(largest, std::fabs(x));
   const cuda_test::MaxError err = cuda_test::ExpectAllClose(
-      got, ref, 0.02 * largest, 0.02, "layer 0 K/V in the device pool");
+      got, want, 0.02 * largest, 0.02, "layer 0 K/V in the device pool");
   std::printf(
       "BATON_KERNEL_ERROR op=whole_model_kv_layer0 case=smollm2_%zu_tokens "
       "max_abs=%.6g atol=%.4g rtol=0.02\n",
@@ -274,13 +329,12 @@ TEST_F(CudaModelRunnerTest, TeacherForcedLogitsMatchCpu) {
 }
 
 // Chunked prefill (chunks of 16, several prompts per step) then batched
-// decode steps, greedy, on both runners. The longest prompt passes 256
-// cached tokens, so the decode kernel's split path runs. The generated
-// tokens must match until a step where the CPU's top two logits are within
-// kTieMargin (a tie bf16 rounding may break either way).
-TEST_F(CudaModelRunnerTest, ChunkedPrefillAndDecodeGenerateCpuTokens) {
+// decode steps on three runners, the reference generating greedily and the
+// CPU engine and the GPU fed the reference's tokens (so their logits stay
+// comparable row by row however near a tie they pass). The longest prompt
+// passes 256 cached tokens, so the decode kernel's split path runs.
+TEST_F(CudaModelRunnerTest, ChunkedPrefillAndDecodeMatchTheReference) {
   BATON_SKIP_WITHOUT_CUDA();
-  constexpr float kTieMargin = 0.1f;
   std::vector<int32_t> text = tokenizer_->Encode(kTeacherText);
   ASSERT_GE(text.size(), 150u);
   std::vector<int32_t> doubled = text;
@@ -290,39 +344,31 @@ TEST_F(CudaModelRunnerTest, ChunkedPrefillAndDecodeGenerateCpuTokens) {
       std::vector<int32_t>(text.begin() + 30, text.begin() + 120),
       std::vector<int32_t>(doubled.begin(), doubled.begin() + 270)};
   constexpr int64_t kChunk = 16, kSteps = 12, kBlocks = 64;
+  const int64_t vocab = weights_->config().vocab_size;
+  auto ref = MakeCpuForward(reference_, kBlocks);
   auto cpu = MakeCpuForward(weights_, kBlocks);
   auto gpu = MakeGpuForward(weights_, kBlocks, 64, 64);
+  ASSERT_NE(ref, nullptr);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
-  const Generation want = Generate(*cpu->cache, cpu->Fn(), prompts, kChunk,
-                                   kSteps, weights_->config().vocab_size);
-  const Generation got = Generate(*gpu->allocator, gpu->Fn(), prompts, kChunk,
-                                  kSteps, weights_->config().vocab_size);
+  const Generation want =
+      Generate(*ref->cache, ref->Fn(), prompts, kChunk, kSteps, vocab);
   ASSERT_TRUE(want.status.ok()) << want.status;
+  const Generation cpu_run = Generate(*cpu->cache, cpu->Fn(), prompts, kChunk,
+                                      kSteps, vocab, &want.tokens);
+  const Generation got = Generate(*gpu->allocator, gpu->Fn(), prompts, kChunk,
+                                  kSteps, vocab, &want.tokens);
+  ASSERT_TRUE(cpu_run.status.ok()) << cpu_run.status;
   ASSERT_TRUE(got.status.ok()) << got.status;
-  EXPECT_EQ(cpu->cache->num_blocks_free(), cpu->cache->num_blocks_total());
   EXPECT_EQ(gpu->allocator->num_blocks_free(),
             gpu->allocator->num_blocks_total());
-  int64_t matched = 0;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    for (int64_t s = 0; s < kSteps; ++s) {
-      const int32_t a = want.tokens[p][s], b = got.tokens[p][s];
-      if (a == b) {
-        ++matched;
-        continue;
-      }
-      const std::vector<float>& row = want.logits[p][s];
-      EXPECT_LT(row[a] - row[b], kTieMargin)
-          << "prompt " << p << " step " << s << ": cpu " << a << ", gpu " << b;
-      std::printf("prompt %zu diverges at step %lld (cpu margin %.4g)\n", p,
-                  static_cast<long long>(s), row[a] - row[b]);
-      break;
-    }
-  }
-  std::printf("greedy generation: %lld of %lld tokens identical\n",
-              static_cast<long long>(matched),
-              static_cast<long long>(kSteps * prompts.size()));
-  EXPECT_GT(matched, 0);
+  const int64_t rows = static_cast<int64_t>(prompts.size()) * kSteps;
+  const std::vector<float> ref_rows = FlattenRows(want.logits);
+  ASSERT_EQ(FlattenRows(got.logits).size(), ref_rows.size());
+  ExpectAsPreciseAsTheCpuEngine(
+      CompareLogits(ref_rows, FlattenRows(got.logits), rows, vocab),
+      CompareLogits(ref_rows, FlattenRows(cpu_run.logits), rows, vocab), rows,
+      "chunked prefill + decode");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// What the CUDA runner tests share: a fixed text, the CPU and GPU runners
-// behind one forward function, greedy generation with chunked prefill and
-// batched decode, and the comparison of two runs' logits.
+// What the CUDA runner tests share: the CPU and GPU runners behind one
+// forward function and greedy generation with chunked prefill and batched
+// decode (the fixed text and the logits comparison: logits_test_util.h).
 #ifndef BATON_WORKER_CUDA_RUNNER_TEST_UTIL_H_
 #define BATON_WORKER_CUDA_RUNNER_TEST_UTIL_H_
 
@@ -17,28 +17,11 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/cuda/cuda_model_runner.h"
+#include "worker/engine/logits_test_util.h"
 #include "worker/engine/model_runner.h"
 #include "worker/kv_cache/kv_cache.h"
 
 namespace baton {
-
-// About 200 tokens of plain English for teacher forcing.
-inline constexpr char kTeacherText[] =
-    "The old lighthouse stood at the end of a narrow stone pier, and for "
-    "more than a century its keepers had climbed the spiral stairs every "
-    "evening to light the lamp. The last keeper, a quiet woman named Ada, "
-    "kept a notebook in which she wrote down the weather, the ships that "
-    "passed, and the birds that rested on the railing. In winter the waves "
-    "broke over the pier and the salt froze on the windows, so she scraped "
-    "the glass with a wooden spoon before the light could shine through. "
-    "When the harbour office finally installed an automatic lamp, Ada "
-    "packed her notebooks into a wooden crate and carried them to the town "
-    "library. The librarian read them for weeks. She found tides measured "
-    "to the minute, storms described hour by hour, and a list of every "
-    "vessel that had sought shelter in the bay. Scientists later used the "
-    "notes to study how the coast had changed, and children still visit the "
-    "library to read about the night a fishing boat came home guided only by "
-    "the lamp and a stubborn keeper who refused to sleep.";
 
 // A host KvCache shaped for the model (block size 16, F16), whose block ids
 // the device pool mirrors. Null (with a test failure) on error.
@@ -130,11 +113,6 @@ inline std::unique_ptr<GpuForward> MakeGpuForward(
   return f;
 }
 
-// Index of the largest value, ties to the lowest index.
-inline int32_t Argmax(const float* row, int64_t n) {
-  return static_cast<int32_t>(std::max_element(row, row + n) - row);
-}
-
 struct Generation {
   absl::Status status;
   std::vector<std::vector<int32_t>> tokens;             // [prompt][step]
@@ -143,10 +121,15 @@ struct Generation {
 
 // Greedy generation of `steps` tokens per prompt: prefill rounds hold each
 // unfinished prompt's next chunk of at most `chunk` tokens, then every
-// decode step holds all prompts. Every table is freed before returning.
-inline Generation Generate(KvCache& cache, const ForwardFn& forward,
-                           const std::vector<std::vector<int32_t>>& prompts,
-                           int64_t chunk, int64_t steps, int64_t vocab) {
+// decode step holds all prompts. With `forced` ([prompt][step], e.g. another
+// run's tokens), each decode step feeds the forced token instead of this
+// run's own pick, so two runs' logits stay comparable row by row however
+// near a tie they pass. Every table is freed before returning.
+inline Generation Generate(
+    KvCache& cache, const ForwardFn& forward,
+    const std::vector<std::vector<int32_t>>& prompts, int64_t chunk,
+    int64_t steps, int64_t vocab,
+    const std::vector<std::vector<int32_t>>* forced = nullptr) {
   Generation g;
   const size_t n = prompts.size();
   g.tokens.resize(n);
@@ -192,62 +175,17 @@ inline Generation Generate(KvCache& cache, const ForwardFn& forward,
     std::vector<ForwardItem> items;
     std::vector<size_t> rows;
     for (size_t p = 0; p < n; ++p) {
+      const int32_t* next =
+          forced != nullptr ? &(*forced)[p][s - 1] : &g.tokens[p].back();
       items.push_back({&tables[p],
                        static_cast<int64_t>(prompts[p].size()) + s - 1,
-                       std::span<const int32_t>(&g.tokens[p].back(), 1),
-                       LogitsMode::kLast});
+                       std::span<const int32_t>(next, 1), LogitsMode::kLast});
       rows.push_back(p);
     }
     g.status = run(items, rows);
   }
   for (BlockTable& t : tables) cache.Free(t);
   return g;
-}
-
-struct LogitsComparison {
-  double top1_agreement = 0;  // fraction of rows with the same argmax
-  double mean_kl = 0;         // mean over rows of KL(ref || got), nats
-  double max_kl = 0;
-  double max_abs_diff = 0;  // largest |ref - got| over all logits
-  // Rows whose argmax differs, with ref[ref argmax] - ref[got argmax] (how
-  // close to a tie the reference was there).
-  std::vector<std::pair<int64_t, double>> mismatches;
-};
-
-// `rows` rows of `vocab` logits each; log-softmax in double.
-inline LogitsComparison CompareLogits(const std::vector<float>& ref,
-                                      const std::vector<float>& got,
-                                      int64_t rows, int64_t vocab) {
-  LogitsComparison c;
-  int64_t agree = 0;
-  auto log_z = [vocab](const float* row) {
-    const double m = *std::max_element(row, row + vocab);
-    double s = 0;
-    for (int64_t i = 0; i < vocab; ++i) s += std::exp(row[i] - m);
-    return m + std::log(s);
-  };
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* a = ref.data() + r * vocab;
-    const float* b = got.data() + r * vocab;
-    const int32_t ta = Argmax(a, vocab), tb = Argmax(b, vocab);
-    if (ta == tb) {
-      ++agree;
-    } else {
-      c.mismatches.push_back({r, static_cast<double>(a[ta]) - a[tb]});
-    }
-    const double za = log_z(a), zb = log_z(b);
-    double kl = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double la = a[i] - za, lb = b[i] - zb;
-      kl += std::exp(la) * (la - lb);
-      c.max_abs_diff =
-          std::max(c.max_abs_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    }
-    c.mean_kl += kl / rows;
-    c.max_kl = std::max(c.max_kl, kl);
-  }
-  c.top1_agreement = rows > 0 ? static_cast<double>(agree) / rows : 0;
-  return c;
 }
 
 }  // namespace baton

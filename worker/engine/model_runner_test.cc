@@ -1,5 +1,6 @@
 #include "worker/engine/model_runner.h"
 
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "worker/engine/default_model_test_base.h"
+#include "worker/engine/logits_test_util.h"
 
 namespace baton {
 namespace {
@@ -49,12 +51,15 @@ class ModelRunnerTest : public testing::DefaultModelTest {
   }
 
   // Logits of every position of `tokens`, fed in chunks of `chunk` tokens,
-  // batched with `others` (each prefilled alongside in one go).
+  // batched with `others` (each prefilled alongside in one go), through
+  // `weights` (default: the fixture's).
   std::vector<float> AllLogits(
       const std::vector<int32_t>& tokens, int64_t chunk,
-      const std::vector<std::vector<int32_t>>& others = {}) {
+      const std::vector<std::vector<int32_t>>& others = {},
+      const ModelWeights* weights = nullptr) {
     auto cache = MakeCache(64);
-    auto runner = ModelRunner::Create(weights_, cache.get(), pool_);
+    auto runner = ModelRunner::Create(weights != nullptr ? weights : weights_,
+                                      cache.get(), pool_);
     EXPECT_TRUE(runner.ok()) << runner.status();
     BlockTable table;
     EXPECT_TRUE(cache->Reserve(table, tokens.size()).ok());
@@ -157,6 +162,37 @@ TEST_F(ModelRunnerTest, ExportedCacheContinuesIdentically) {
   ASSERT_TRUE((*runner_b)->Forward({&step_b, 1}, &lb).ok());
   ASSERT_EQ(la.size(), lb.size());
   EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
+}
+
+// The quantized matmuls' 8-bit activations against the precision reference:
+// the same weights dequantized to f32 and multiplied by f32 activations.
+// The GPU runner's bf16 path is held to this test's figures
+// (cuda_model_runner_test).
+TEST_F(ModelRunnerTest, EightBitActivationsStayCloseToTheF32Reference) {
+  ModelWeightsOptions options;
+  options.matrices_as_f32 = true;
+  auto reference = ModelWeights::Open(testing::DefaultModelPath(), options);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ((*reference)->layers()[0].wq.dtype, DType::kF32);
+  ASSERT_EQ((*reference)->output().dtype, DType::kF32);
+  const std::vector<int32_t> tokens = tokenizer_->Encode(kTeacherText);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const std::vector<float> got = AllLogits(tokens, n);
+  const std::vector<float> ref = AllLogits(tokens, n, {}, reference->get());
+  ASSERT_EQ(got.size(), ref.size());
+  const LogitsComparison cmp =
+      CompareLogits(ref, got, n, weights_->config().vocab_size);
+  std::printf(
+      "8-bit activations vs f32 reference, %lld teacher-forced tokens: top-1 "
+      "agreement %.4f, mean KL %.3g, max KL %.3g, max |logit diff| %.4g\n",
+      static_cast<long long>(n), cmp.top1_agreement, cmp.mean_kl, cmp.max_kl,
+      cmp.max_abs_diff);
+  for (const auto& [row, margin] : cmp.mismatches) {
+    std::printf("  top-1 differs at position %lld (reference margin %.4f)\n",
+                static_cast<long long>(row), margin);
+  }
+  EXPECT_GE(cmp.top1_agreement, 0.9);
+  EXPECT_LT(cmp.mean_kl, 0.05);
 }
 
 TEST_F(ModelRunnerTest, RejectsBadItems) {

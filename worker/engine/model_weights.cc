@@ -49,8 +49,9 @@ constexpr LayerTensorNames kHfLayerNames = {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Open(
-    const std::string& path) {
+    const std::string& path, const ModelWeightsOptions& options) {
   std::unique_ptr<ModelWeights> weights(new ModelWeights());
+  weights->options_ = options;
   if (absl::EndsWith(path, ".gguf")) {
     BATON_RETURN_IF_ERROR(weights->LoadGguf(path));
   } else if (IsDirectory(path) || absl::EndsWith(path, ".safetensors") ||
@@ -72,7 +73,10 @@ absl::StatusOr<TensorView> ModelWeights::Matrix(const TensorView& view,
         "tensor '", view.name, "' has shape ", ShapeToString(view.shape),
         ", expected [", rows, ", ", cols, "]"));
   }
-  if (MatMulTakes(view.dtype)) return view;
+  if (view.dtype == DType::kF32 ||
+      (MatMulTakes(view.dtype) && !options_.matrices_as_f32)) {
+    return view;
+  }
   BATON_ASSIGN_OR_RETURN(std::vector<float> values, DequantizeTensor(view));
   auto owned = std::make_unique<float[]>(values.size());
   std::copy(values.begin(), values.end(), owned.get());

@@ -40,6 +40,14 @@ struct LayerTensorNames {
   const char *w_gate, *w_up, *w_down;
 };
 
+struct ModelWeightsOptions {
+  // Every matrix dequantized to f32 at load, so MatMul multiplies f32
+  // activations by the exact weights: the precision reference that the
+  // quantized paths (8-bit activations on the CPU, bf16 on a GPU) are
+  // measured against. Four bytes per weight.
+  bool matrices_as_f32 = false;
+};
+
 using TensorLookup =
     std::function<absl::StatusOr<TensorView>(const std::string& name)>;
 
@@ -48,7 +56,7 @@ class ModelWeights {
   // Opens `path`: a .gguf file, or an HF folder (config.json + safetensors),
   // an index .json or a .safetensors file beside a config.json.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Open(
-      const std::string& path);
+      const std::string& path, const ModelWeightsOptions& options = {});
 
   ModelWeights(const ModelWeights&) = delete;
   ModelWeights& operator=(const ModelWeights&) = delete;
@@ -84,6 +92,7 @@ class ModelWeights {
   // A [n] vector as f32 (converted copy unless already f32).
   absl::StatusOr<const float*> Vector(const TensorView& view, int64_t n);
 
+  ModelWeightsOptions options_;
   ModelConfig config_;
   std::unique_ptr<GgufFile> gguf_;
   std::unique_ptr<SafetensorsModel> safetensors_;
