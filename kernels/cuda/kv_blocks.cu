@@ -105,7 +105,66 @@ cudaError_t Copy(const void* src, void* dst, bool gather,
   BATON_CUDA_RETURN_LAUNCH_ERROR();
 }
 
+struct CopyRunBatch {
+  CopyRun runs[kCopyRunsPerLaunch];
+};
+static_assert(sizeof(CopyRunBatch) <= 4000,
+              "kernel parameters are limited to 4 KiB");
+
+// blockIdx.y picks the run; the x blocks and their threads stride over it.
+__global__ void CopyRunsKernel(const __grid_constant__ CopyRunBatch batch) {
+  const CopyRun run = batch.runs[blockIdx.y];
+  const uint64_t first =
+      static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const auto* src = static_cast<const unsigned char*>(run.src);
+  auto* dst = static_cast<unsigned char*>(run.dst);
+  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+       run.bytes) %
+          16 ==
+      0) {
+    const uint64_t units = run.bytes / 16;
+    const auto* s16 = reinterpret_cast<const uint4*>(src);
+    auto* d16 = reinterpret_cast<uint4*>(dst);
+    for (uint64_t i = first; i < units; i += stride) d16[i] = s16[i];
+  } else {
+    for (uint64_t i = first; i < run.bytes; i += stride) dst[i] = src[i];
+  }
+}
+
 }  // namespace
+
+cudaError_t CopyRuns(const CopyRun* runs, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && runs == nullptr)) return cudaErrorInvalidValue;
+  for (int64_t i = 0; i < n; ++i) {
+    if (runs[i].bytes > 0 &&
+        (runs[i].dst == nullptr || runs[i].src == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  // 16 KiB per block per pass (256 threads x 16 bytes x 4): a 64 KiB run
+  // gets 4 blocks, a whole layer in one run up to 2048.
+  constexpr uint64_t kBytesPerBlock = uint64_t{kThreads} * 16 * 4;
+  constexpr uint64_t kMaxBlocksPerRun = 2048;
+  for (int64_t start = 0; start < n; start += kCopyRunsPerLaunch) {
+    CopyRunBatch batch;
+    const int64_t count =
+        n - start < kCopyRunsPerLaunch ? n - start : kCopyRunsPerLaunch;
+    uint64_t largest = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      batch.runs[i] = runs[start + i];
+      if (batch.runs[i].bytes > largest) largest = batch.runs[i].bytes;
+    }
+    if (largest == 0) continue;
+    uint64_t blocks = (largest + kBytesPerBlock - 1) / kBytesPerBlock;
+    if (blocks > kMaxBlocksPerRun) blocks = kMaxBlocksPerRun;
+    CopyRunsKernel<<<dim3(static_cast<unsigned>(blocks),
+                          static_cast<unsigned>(count)),
+                     kThreads, 0, stream>>>(batch);
+    BATON_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
 
 cudaError_t GatherKvLayer(const void* pool, const KvPoolGeometry& geometry,
                           int64_t layer, const int32_t* block_ids,

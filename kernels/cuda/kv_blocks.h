@@ -46,6 +46,29 @@ cudaError_t ScatterKvLayer(const void* staging, const KvPoolGeometry& geometry,
                            int64_t layer, const int32_t* block_ids,
                            int64_t num_chunks, void* pool, cudaStream_t stream);
 
+// One byte range to copy: what a KV transfer between two pools (of one
+// process, or IPC-mapped) turns into after merging adjacent blocks.
+struct CopyRun {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Copies every run with kernels instead of one DMA copy each: one launch per
+// kCopyRunsPerLaunch runs (their descriptors passed as the kernel's
+// parameter, so nothing is allocated or copied from the host first). Many
+// small runs (a fragmented block table: one 64 KiB run per block) then move
+// at device-memory speed instead of one copy engine call each. Each run
+// moves in 16-byte accesses where its pointers and length allow, bytes
+// otherwise. Every pointer must be device memory the current device can
+// address (its own, or another process's mapped by cudaIpcOpenMemHandle);
+// destinations must not overlap each other or any source.
+// cudaErrorInvalidValue without launching for n < 0, a null `runs` while
+// n > 0, or a run with bytes > 0 and a null pointer. Asynchronous on
+// `stream`.
+inline constexpr int kCopyRunsPerLaunch = 128;
+cudaError_t CopyRuns(const CopyRun* runs, int64_t n, cudaStream_t stream);
+
 }  // namespace baton::cuda
 
 #endif  // BATON_KERNELS_CUDA_KV_BLOCKS_H_

@@ -29,7 +29,7 @@ endif()
 
 baton_library(baton_cuda_ipc_cuda_api
   SRCS ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_api_cuda.cc
-  DEPS baton_cuda_ipc_transport CUDA::cudart)
+  DEPS baton_cuda_ipc_transport baton_cuda_elementwise CUDA::cudart)
 
 # The receiving process of the cross-process GPU check (and a manual probe):
 # see cuda_ipc_kv_probe.cc.

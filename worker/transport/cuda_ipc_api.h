@@ -67,10 +67,12 @@ class CudaIpcApi {
     const void* src = nullptr;
     uint64_t bytes = 0;
   };
-  // Enqueues `copies` on `stream` (one cudaMemcpyBatchAsync, or one
-  // cudaMemcpyAsync each); they may run in any order among themselves, so
-  // their destinations must not overlap. Their sources must stay unchanged
-  // until StreamDone reports true.
+  // Enqueues `copies` on `stream`: device to device, one kernel over every
+  // run (kernels/cuda/kv_blocks.h CopyRuns); otherwise one
+  // cudaMemcpyBatchAsync, or one cudaMemcpyAsync each. They may run in any
+  // order among themselves, so their destinations must not overlap. One
+  // call's sources are one kind of memory (device or host), and so are its
+  // destinations. Sources must stay unchanged until StreamDone reports true.
   virtual absl::Status CopyBatchAsync(int device, std::span<const Copy> copies,
                                       CudaIpcStreamHandle stream) = 0;
   // cudaStreamQuery: true once every enqueued copy completed; an error

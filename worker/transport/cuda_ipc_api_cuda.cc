@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/kv_blocks.h"
 #include "worker/transport/cuda_ipc_api.h"
 
 namespace baton {
@@ -117,6 +118,24 @@ class CudaRuntimeIpcApi final : public CudaIpcApi {
                               CudaIpcStreamHandle h) override {
     if (absl::Status s = SetDevice(device); !s.ok()) return s;
     cudaStream_t stream = static_cast<cudaStream_t>(h);
+    if (copies.size() > 1 && OnDevice(copies.front()) &&
+        OnDevice(copies.back())) {
+      // Device to device (the GPU workers' pools): one kernel moves every
+      // run at memory speed, where one DMA copy per 64 KiB block is
+      // launch-bound (docs/gpu.md).
+      static_assert(sizeof(cuda::CopyRun) == sizeof(Copy));
+      std::vector<cuda::CopyRun> runs(copies.size());
+      for (size_t i = 0; i < copies.size(); ++i) {
+        runs[i] = {copies[i].dst, copies[i].src, copies[i].bytes};
+      }
+      if (cudaError_t e = cuda::CopyRuns(
+              runs.data(), static_cast<int64_t>(runs.size()), stream);
+          e != cudaSuccess) {
+        return CudaError(
+            e, absl::StrCat("copying ", runs.size(), " KV runs in a kernel"));
+      }
+      return absl::OkStatus();
+    }
     if (copies.size() > 1) {
       // One call for every run: a fragmented block table costs one driver
       // call per layer, not one per chunk.
@@ -150,6 +169,20 @@ class CudaRuntimeIpcApi final : public CudaIpcApi {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Both ends of `c` are device memory (this process's, or mapped from
+  // another's): a kernel can copy it.
+  static bool OnDevice(const Copy& c) {
+    for (const void* p : {static_cast<const void*>(c.dst), c.src}) {
+      cudaPointerAttributes a;
+      if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      if (a.type != cudaMemoryTypeDevice) return false;
+    }
+    return true;
   }
 
   absl::StatusOr<bool> StreamDone(CudaIpcStreamHandle stream) override {

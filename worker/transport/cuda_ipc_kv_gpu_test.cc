@@ -232,7 +232,7 @@ TEST(CudaIpcGpuTest, DeviceCopyPath) {
     std::printf(
         "BATON_KV_COPY_GBPS path=%s tokens=%lld copies_per_layer=%zu "
         "gbps=%.1f\n",
-        fragmented ? "batch_fragmented" : "contiguous",
+        fragmented ? "fragmented" : "contiguous",
         static_cast<long long>(fx::kTokens), plans[0].size(),
         static_cast<double>(source.bytes()) / best / 1e9);
   }
