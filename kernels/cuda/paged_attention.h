@@ -31,8 +31,10 @@ inline constexpr int64_t kPagedAttentionMaxGroup = 16;
 // Decode: contexts of at most this many keys are not split; longer ones get
 // ceil(context / kPagedDecodeMinKeysPerSplit) splits, at most
 // kPagedDecodeMaxSplits.
-inline constexpr int64_t kPagedDecodeMinKeysPerSplit = 256;
-inline constexpr int64_t kPagedDecodeMaxSplits = 32;
+// Short splits keep the GPU busy at small batches: a batch of one sequence
+// of 512 keys on 8 KV heads is 64 CTAs, not 16.
+inline constexpr int64_t kPagedDecodeMinKeysPerSplit = 64;
+inline constexpr int64_t kPagedDecodeMaxSplits = 64;
 
 // One layer of a device KV pool laid out as worker/kv_cache/kv_layout.h with
 // dtype F16: chunk (layer l, block b) = K then V, each

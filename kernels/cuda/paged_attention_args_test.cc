@@ -53,19 +53,19 @@ cudaError_t Prefill(const PagedPrefillBatch& batch, const PagedKvPoolView& kv,
 
 TEST(CudaPagedAttentionArgsTest, SplitCountFollowsContextLength) {
   EXPECT_EQ(PagedDecodeNumSplits(1), 1);
-  EXPECT_EQ(PagedDecodeNumSplits(256), 1);
-  EXPECT_EQ(PagedDecodeNumSplits(257), 2);
-  EXPECT_EQ(PagedDecodeNumSplits(989), 4);
-  EXPECT_EQ(PagedDecodeNumSplits(2049), 9);
+  EXPECT_EQ(PagedDecodeNumSplits(64), 1);
+  EXPECT_EQ(PagedDecodeNumSplits(65), 2);
+  EXPECT_EQ(PagedDecodeNumSplits(989), 16);
+  EXPECT_EQ(PagedDecodeNumSplits(2049), 33);
   EXPECT_EQ(PagedDecodeNumSplits(int64_t{1} << 20), kPagedDecodeMaxSplits);
 }
 
 TEST(CudaPagedAttentionArgsTest, WorkspaceCoversEverySplit) {
-  EXPECT_EQ(PagedDecodeWorkspaceBytes(5, 9, 64, 256), 0u);
+  EXPECT_EQ(PagedDecodeWorkspaceBytes(5, 9, 64, 64), 0u);
   EXPECT_EQ(PagedDecodeWorkspaceBytes(5, 9, 64, 2049),
-            size_t{5} * 9 * 9 * (64 + 2) * sizeof(float));
+            size_t{5} * 9 * 33 * (64 + 2) * sizeof(float));
   EXPECT_EQ(PagedDecodeWorkspaceBytes(3, 32, 128, 1 << 20),
-            size_t{3} * 32 * 32 * (128 + 2) * sizeof(float));
+            size_t{3} * 32 * kPagedDecodeMaxSplits * (128 + 2) * sizeof(float));
 }
 
 TEST(CudaPagedAttentionArgsTest, EmptyBatchesSucceedWithoutLaunching) {

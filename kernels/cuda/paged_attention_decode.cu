@@ -9,9 +9,9 @@
 //      products reduced by shuffles -> s_s (exp2 domain);
 //   2. online softmax per head (one warp per head): running max m, sum l,
 //      rescale factor alpha, s_s <- exp2(s - m);
-//   3. thread (key lane kl, dim pair dp) accumulates p * V[key][2 dp .. +1]
-//      over keys kl, kl + kKeyLanes, ...; the key lanes are summed once at
-//      the end, in a fixed order.
+//   3. thread (key lane kl, dim quad dp) accumulates p * V[key][4 dp .. +3]
+//      over keys kl, kl + kKeyLanes, ... (8-byte loads, a warp per V row of
+//      128 dims); the key lanes are summed once at the end, in a fixed order.
 // A sequence with one split writes out directly; otherwise each split writes
 // (m, l, unnormalised o) and CombineKernel merges them. A sequence of context
 // 0 (a padding row) is written as zeros by split 0 and reads no K/V.
@@ -81,19 +81,22 @@ __device__ inline int32_t SeqSplits(const DecodeParams& p, int32_t ctx) {
   return ctx >= 1 && ctx <= p.max_context_len ? NumSplits(ctx) : 1;
 }
 
-template <int D>
+// G: query heads per KV head the kernel has room for (>= the group), so
+// the accumulators take registers for G heads, not G.
+template <int D, int G>
 __global__ void __launch_bounds__(kThreads) DecodeKernel(const DecodeParams p) {
   constexpr int kTpk = D / 8;                        // lanes per key (K)
   constexpr int kKeysPerStep = kThreads / kTpk;      // keys per K step
-  constexpr int kDimThreads = D / 2;                 // lanes per V row
+  constexpr int kDimThreads = D / 4;                 // lanes per V row
   constexpr int kKeyLanes = kThreads / kDimThreads;  // keys per V step
   static_assert(32 % kTpk == 0 && kThreads % kDimThreads == 0);
-  __shared__ __align__(16) float q_s[kMaxGroup * D];  // pre-scaled
-  __shared__ float s_s[kMaxGroup * kChunk];
-  __shared__ float red_s[kKeyLanes * kMaxGroup * D];
-  __shared__ float m_s[kMaxGroup];
-  __shared__ float l_s[kMaxGroup];
-  __shared__ float alpha_s[kMaxGroup];
+  __shared__ __align__(16) float q_s[G * D];  // pre-scaled
+  __shared__ float s_s[G * kChunk];
+  __shared__ int32_t ids_s[kChunk];       // block id of each key of the chunk
+  __shared__ float red_s[kKeyLanes * D];  // one head at a time
+  __shared__ float m_s[G];
+  __shared__ float l_s[G];
+  __shared__ float alpha_s[G];
 
   const int tid = threadIdx.x;
   const int kv_head = blockIdx.x;
@@ -148,27 +151,36 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(const DecodeParams p) {
 
   const int team = tid / kTpk;  // key of a K step
   const int lane_t = tid % kTpk;
-  const int dp = tid % kDimThreads;  // dims 2 dp, 2 dp + 1 in the V step
+  const int dp = tid % kDimThreads;  // dims 4 dp .. 4 dp + 3 in the V step
   const int kl = tid / kDimThreads;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  float acc[kMaxGroup][2];
+  float acc[G][4];
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) acc[h][0] = acc[h][1] = 0.f;
+  for (int h = 0; h < G; ++h) {
+    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
+  }
   int any_bad = 0;
 
   for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kChunk), end - c0));
+    // The chunk's block ids, one lookup per key up front, so the K and V
+    // loads below do not wait on a table load each.
+    for (int kk = tid; kk < n; kk += kThreads) {
+      ids_s[kk] = p.block_ids[table_begin + static_cast<int32_t>(c0 + kk) /
+                                                p.pool.block_size];
+    }
+    __syncthreads();
     // 1. Scores. Every lane runs every step (the shuffles need the warp).
     int bad_block = 0;
+#pragma unroll 4
     for (int base = 0; base < n; base += kKeysPerStep) {
       const int kk = base + team;
       const bool valid = kk < n;
       float kf[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (valid) {
         const int32_t key = static_cast<int32_t>(c0 + kk);
-        const int32_t block =
-            p.block_ids[table_begin + key / p.pool.block_size];
+        const int32_t block = ids_s[kk];
         if (block < 0 || block >= p.pool.num_blocks) {
           bad_block = 1;
         } else {
@@ -180,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(const DecodeParams p) {
         }
       }
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
+      for (int h = 0; h < G; ++h) {
         if (h >= group) break;  // uniform across the CTA
         const float4 qa =
             *reinterpret_cast<const float4*>(q_s + h * D + lane_t * 8);
@@ -234,56 +246,62 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(const DecodeParams p) {
     }
     __syncthreads();
 
-    // 3. acc = alpha acc + P V.
+    // 3. acc = alpha acc + P V: 8 bytes of V per lane, a warp per 128-dim
+    // row, several keys' loads in flight.
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < G; ++h) {
       if (h >= group) break;
-      acc[h][0] *= alpha_s[h];
-      acc[h][1] *= alpha_s[h];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[h][j] *= alpha_s[h];
     }
+#pragma unroll 4
     for (int kk = kl; kk < n; kk += kKeyLanes) {
       const int32_t key = static_cast<int32_t>(c0 + kk);
-      const int32_t block = p.block_ids[table_begin + key / p.pool.block_size];
+      const int32_t block = ids_s[kk];
       if (block < 0 || block >= p.pool.num_blocks) continue;  // flagged above
       const uint16_t* src =
           p.pool.layer_base + p.pool.half_chunk +
           KeyOffset(p.pool, block, kv_head, key % p.pool.block_size, D) +
-          dp * 2;
-      const float2 v = HalvesToFloats(*reinterpret_cast<const uint32_t*>(src));
+          dp * 4;
+      const uint2 raw = *reinterpret_cast<const uint2*>(src);
+      const float2 v01 = HalvesToFloats(raw.x);
+      const float2 v23 = HalvesToFloats(raw.y);
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
+      for (int h = 0; h < G; ++h) {
         if (h >= group) break;
         const float pr = s_s[h * kChunk + kk];
-        acc[h][0] = fmaf(pr, v.x, acc[h][0]);
-        acc[h][1] = fmaf(pr, v.y, acc[h][1]);
+        acc[h][0] = fmaf(pr, v01.x, acc[h][0]);
+        acc[h][1] = fmaf(pr, v01.y, acc[h][1]);
+        acc[h][2] = fmaf(pr, v23.x, acc[h][2]);
+        acc[h][3] = fmaf(pr, v23.y, acc[h][3]);
       }
     }
     __syncthreads();  // the next chunk overwrites s_s and alpha_s
   }
 
+  // The key lanes' partial sums, one head at a time, added in lane order.
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
+  for (int h = 0; h < G; ++h) {
     if (h >= group) break;
-    red_s[(kl * kMaxGroup + h) * D + dp * 2] = acc[h][0];
-    red_s[(kl * kMaxGroup + h) * D + dp * 2 + 1] = acc[h][1];
-  }
-  __syncthreads();
-  for (int idx = tid; idx < group * D; idx += kThreads) {
-    const int h = idx / D;
-    const int d = idx % D;
-    float o = red_s[h * D + d];
 #pragma unroll
-    for (int k = 1; k < kKeyLanes; ++k) o += red_s[(k * kMaxGroup + h) * D + d];
-    if (splits == 1) {
-      p.out[(row0 + h) * D + d] = any_bad ? QuietNaN() : o / l_s[h];
-    } else {
-      const int64_t slot = slot0 + static_cast<int64_t>(h) * p.max_splits;
-      p.ws_o[slot * D + d] = any_bad ? QuietNaN() : o;
-      if (d == 0) {
-        p.ws_m[slot] = m_s[h];
-        p.ws_l[slot] = any_bad ? QuietNaN() : l_s[h];
+    for (int j = 0; j < 4; ++j) red_s[kl * D + dp * 4 + j] = acc[h][j];
+    __syncthreads();
+    for (int d = tid; d < D; d += kThreads) {
+      float o = red_s[d];
+#pragma unroll
+      for (int k = 1; k < kKeyLanes; ++k) o += red_s[k * D + d];
+      if (splits == 1) {
+        p.out[(row0 + h) * D + d] = any_bad ? QuietNaN() : o / l_s[h];
+      } else {
+        const int64_t slot = slot0 + static_cast<int64_t>(h) * p.max_splits;
+        p.ws_o[slot * D + d] = any_bad ? QuietNaN() : o;
+        if (d == 0) {
+          p.ws_m[slot] = m_s[h];
+          p.ws_l[slot] = any_bad ? QuietNaN() : l_s[h];
+        }
       }
     }
+    __syncthreads();  // the next head overwrites red_s
   }
 }
 
@@ -310,6 +328,27 @@ __global__ void __launch_bounds__(kThreads)
                  sum);
     }
     p.out[row * head_dim + d] = sum / total;
+  }
+}
+
+template <int D>
+void LaunchDecodeD(int group, dim3 grid, const DecodeParams& params,
+                   cudaStream_t stream) {
+  if (group <= 4) {
+    DecodeKernel<D, 4><<<grid, kThreads, 0, stream>>>(params);
+  } else if (group <= 8) {
+    DecodeKernel<D, 8><<<grid, kThreads, 0, stream>>>(params);
+  } else {
+    DecodeKernel<D, kMaxGroup><<<grid, kThreads, 0, stream>>>(params);
+  }
+}
+
+void LaunchDecode(int64_t head_dim, int group, dim3 grid,
+                  const DecodeParams& params, cudaStream_t stream) {
+  if (head_dim == 64) {
+    LaunchDecodeD<64>(group, grid, params, stream);
+  } else {
+    LaunchDecodeD<128>(group, grid, params, stream);
   }
 }
 
@@ -382,11 +421,7 @@ cudaError_t PagedAttentionDecode(const float* q, const PagedDecodeBatch& batch,
   const dim3 grid(static_cast<unsigned>(kv.num_kv_heads),
                   static_cast<unsigned>(batch.num_seqs),
                   static_cast<unsigned>(max_splits));
-  if (kv.head_dim == 64) {
-    DecodeKernel<64><<<grid, kThreads, 0, stream>>>(params);
-  } else {
-    DecodeKernel<128><<<grid, kThreads, 0, stream>>>(params);
-  }
+  LaunchDecode(kv.head_dim, params.group, grid, params, stream);
   if (max_splits == 1) BATON_CUDA_RETURN_LAUNCH_ERROR();
   BATON_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const dim3 combine_grid(static_cast<unsigned>(num_heads),

@@ -89,15 +89,17 @@ void CheckDecode(const AttentionConfig& c, std::span<const int64_t> contexts,
 class CudaPagedAttentionDecodeTest
     : public ::testing::TestWithParam<AttentionConfig> {};
 
-// Short (unsplit) and long (split: 989 -> 4, 2049 -> 9 splits) contexts in
-// one launch, around the split threshold too (256 unsplit, 257 split).
+// Short (unsplit) and long (split: 989 -> 16, 2049 -> 33 splits, 4500 ->
+// the cap of 64) contexts in one launch, around the split threshold too (64
+// unsplit, 65 split).
 TEST_P(CudaPagedAttentionDecodeTest, MatchesCpuOverMixedContexts) {
   BATON_SKIP_WITHOUT_CUDA();
   const AttentionConfig c = GetParam();
-  const std::vector<int64_t> contexts = {1, 7, 19, 989, 2049, 256, 257};
-  ASSERT_EQ(cuda::PagedDecodeNumSplits(256), 1);
-  ASSERT_EQ(cuda::PagedDecodeNumSplits(257), 2);
-  ASSERT_EQ(cuda::PagedDecodeNumSplits(2049), 9);
+  const std::vector<int64_t> contexts = {1, 7, 19, 989, 2049, 64, 65, 4500};
+  ASSERT_EQ(cuda::PagedDecodeNumSplits(64), 1);
+  ASSERT_EQ(cuda::PagedDecodeNumSplits(65), 2);
+  ASSERT_EQ(cuda::PagedDecodeNumSplits(2049), 33);
+  ASSERT_EQ(cuda::PagedDecodeNumSplits(4500), 64);
   CheckDecode(c, contexts, 100, c.Name() + "_mixed");
 }
 
@@ -105,8 +107,8 @@ TEST_P(CudaPagedAttentionDecodeTest, MatchesCpuOverMixedContexts) {
 TEST_P(CudaPagedAttentionDecodeTest, ShortContextsNeedNoWorkspace) {
   BATON_SKIP_WITHOUT_CUDA();
   const AttentionConfig c = GetParam();
-  const std::vector<int64_t> contexts = {1, 7, 19, 200, 256};
-  ASSERT_EQ(cuda::PagedDecodeWorkspaceBytes(5, c.num_heads, c.head_dim, 256),
+  const std::vector<int64_t> contexts = {1, 7, 19, 50, 64};
+  ASSERT_EQ(cuda::PagedDecodeWorkspaceBytes(5, c.num_heads, c.head_dim, 64),
             0u);
   CheckDecode(c, contexts, 200, c.Name() + "_unsplit");
 }
