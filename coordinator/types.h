@@ -43,6 +43,8 @@ struct WorkerLoad {
   int64_t kv_blocks_reserved = 0;
   // ReserveKv calls waiting at the worker for room.
   int32_t queued_reservations = 0;
+  // Engine steps that ran a batch since the worker started.
+  int64_t engine_steps = 0;
 
   bool operator==(const WorkerLoad&) const = default;
 };

@@ -26,6 +26,12 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
         " suspect_after=", absl::FormatDuration(options.suspect_after),
         " lease_ttl=", absl::FormatDuration(options.lease_ttl)));
   }
+  if (options.engine_stall_after <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerRegistryOptions: engine_stall_after must be > 0, "
+                     "got ",
+                     absl::FormatDuration(options.engine_stall_after)));
+  }
   return std::unique_ptr<WorkerRegistry>(new WorkerRegistry(options, clock));
 }
 
@@ -76,6 +82,17 @@ absl::StatusOr<WorkerRef> WorkerRegistry::Register(
   info.load.kv_blocks_total = registration.kv_blocks_total;
   info.load.kv_blocks_free = registration.kv_blocks_total;
   info.last_heartbeat = now;
+  info.last_progress = now;
+  // The same process back after its wedged engine took it DOWN: still
+  // wedged until its step count moves.
+  if (auto previous = workers_.find(id);
+      previous != workers_.end() && previous->second.engine_stalled &&
+      previous->second.registration.incarnation == registration.incarnation) {
+    info.engine_stalled = true;
+    info.health = WorkerHealth::kSuspect;
+    info.load.engine_steps = previous->second.load.engine_steps;
+    info.last_progress = previous->second.last_progress;
+  }
   workers_.insert_or_assign(id, std::move(info));
   return WorkerRef{id, epoch};
 }
@@ -175,10 +192,17 @@ absl::Status WorkerRegistry::Heartbeat(
         WorkerRefString(worker), load.kv_blocks_total,
         info->registration.kv_blocks_total));
   }
+  const absl::Time now = clock_->Now();
+  const bool busy =
+      load.running_sequences > 0 || load.queued_prefill_tokens > 0;
+  if (!busy || load.engine_steps != info->load.engine_steps) {
+    info->last_progress = now;
+    info->engine_stalled = false;
+  }
   info->load = load;
   info->leased_request_ids = std::move(leased_request_ids);
-  info->last_heartbeat = clock_->Now();
-  if (info->health == WorkerHealth::kSuspect) {
+  info->last_heartbeat = now;
+  if (info->health == WorkerHealth::kSuspect && !info->engine_stalled) {
     info->health = WorkerHealth::kHealthy;
   }
   return absl::OkStatus();
@@ -222,6 +246,20 @@ void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
   } else if (silent > options_.suspect_after &&
              info.health == WorkerHealth::kHealthy) {
     info.health = WorkerHealth::kSuspect;
+  }
+  const bool busy =
+      info.load.running_sequences > 0 || info.load.queued_prefill_tokens > 0;
+  if (info.health != WorkerHealth::kDown && !info.engine_stalled && busy &&
+      now - info.last_progress > options_.engine_stall_after) {
+    info.engine_stalled = true;
+    MarkDownLocked(
+        info,
+        absl::StrCat("engine wedged: no step for ",
+                     absl::FormatDuration(now - info.last_progress), " with ",
+                     info.load.running_sequences, " sequences running and ",
+                     info.load.queued_prefill_tokens,
+                     " prompt tokens queued (step count ",
+                     info.load.engine_steps, ")"));
   }
 }
 

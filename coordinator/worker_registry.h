@@ -8,6 +8,13 @@
 // registers again from the same address keeps its id and gets a new epoch; its
 // previous incarnation is reported DOWN.
 //
+// A wedged engine: a worker whose heartbeats report running sequences or
+// queued prompt tokens while its engine step count (WorkerLoad::engine_steps)
+// stands still for `engine_stall_after` goes DOWN, so its requests fail or
+// migrate like a dead worker's. The process still answers, so it registers
+// again; that incarnation stays SUSPECT (no new requests) until its count
+// moves or its work is gone.
+//
 // DOWN transitions are queued and handed out by Tick(), so the caller feeds
 // each exactly once to RequestStateMachine::OnWorkerDown.
 #ifndef BATON_COORDINATOR_WORKER_REGISTRY_H_
@@ -44,6 +51,9 @@ struct WorkerRegistryOptions {
   // coordinator starts it at the microseconds since the Unix epoch, so a
   // restarted coordinator never hands out an epoch seen before. >= 1.
   uint64_t first_epoch = 1;
+  // A worker with work whose engine made no step for longer than this is
+  // wedged (see above). > 0; InfiniteDuration() turns the check off.
+  absl::Duration engine_stall_after = absl::Seconds(60);
 };
 
 // What a worker announces (RegisterWorkerRequest).
@@ -78,6 +88,11 @@ struct WorkerInfo {
   absl::Time last_activity = absl::InfinitePast();
   // As last reported by the worker.
   std::vector<std::string> leased_request_ids;
+  // The last heartbeat whose engine_steps moved, or that reported no work.
+  absl::Time last_progress;
+  // Went DOWN (or registered again) with a wedged engine; stays SUSPECT
+  // until engine_steps moves or the work is gone.
+  bool engine_stalled = false;
 };
 
 // An incarnation that went DOWN: lease expired, replaced by a re-registration,

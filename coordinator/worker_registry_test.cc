@@ -329,5 +329,82 @@ TEST_F(WorkerRegistryTest, EpochsStartWhereTheOptionsSay) {
   EXPECT_EQ((*registry)->Register(Named("b", 1, "h:2"))->epoch, 1'000'001u);
 }
 
+// A worker that heartbeats on time while its engine makes no step with work
+// in it is wedged: DOWN after engine_stall_after, and the same process
+// registering again stays SUSPECT until its step count moves.
+TEST_F(WorkerRegistryTest, AWedgedEngineGoesDownAndStaysOutUntilItMoves) {
+  WorkerRegistryOptions options = registry_->options();
+  options.engine_stall_after = absl::Seconds(10);
+  auto created = WorkerRegistry::Create(options, &clock_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  WorkerRegistry& registry = **created;
+  const WorkerRef idle = *registry.Register(Named("idle", 1, "h:1"));
+  const WorkerRef wedged = *registry.Register(Named("wedged", 2, "h:2"));
+  const WorkerLoad nothing{.kv_blocks_total = 100, .engine_steps = 40};
+  WorkerLoad busy = nothing;
+  busy.running_sequences = 2;
+  busy.queued_prefill_tokens = 30;
+  // 30 s of on-time heartbeats: the idle worker's count stands still with
+  // no work (fine); the busy one's moves for the first 4 s, then stops.
+  for (int s = 1; s <= 30; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    if (s <= 4) ++busy.engine_steps;
+    ASSERT_TRUE(registry.Heartbeat(idle, nothing, {}).ok());
+    absl::Status beat = registry.Heartbeat(wedged, busy, {"r1", "r2"});
+    std::vector<DownEvent> down = registry.Tick();
+    if (s <= 14) {
+      ASSERT_TRUE(beat.ok()) << "second " << s << ": " << beat;
+      ASSERT_THAT(down, IsEmpty()) << "second " << s;
+      continue;
+    }
+    // Last move at 4 s; no step for more than 10 s at 15 s.
+    ASSERT_EQ(s, 15);
+    ASSERT_EQ(down.size(), 1u);
+    EXPECT_EQ(down[0].worker, wedged);
+    EXPECT_THAT(down[0].reason, HasSubstr("engine wedged: no step for 11s"));
+    EXPECT_THAT(down[0].reason, HasSubstr("2 sequences running"));
+    EXPECT_THAT(down[0].last_leased_request_ids, ElementsAre("r1", "r2"));
+    break;
+  }
+  EXPECT_EQ(registry.Get("idle")->health, WorkerHealth::kHealthy);
+  // Its next heartbeat is refused; the same process registers again and is
+  // kept out of routing while its count stands still.
+  EXPECT_EQ(registry.Heartbeat(wedged, busy, {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const WorkerRef again = *registry.Register(Named("wedged", 2, "h:2"));
+  EXPECT_EQ(registry.Get("wedged")->health, WorkerHealth::kSuspect);
+  for (int s = 0; s < 20; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(registry.Heartbeat(idle, nothing, {}).ok());
+    ASSERT_TRUE(registry.Heartbeat(again, busy, {}).ok());
+  }
+  EXPECT_EQ(registry.Get("wedged")->health, WorkerHealth::kSuspect);
+  EXPECT_THAT(registry.Tick(), IsEmpty()) << "one DOWN per wedge";
+  // The engine moves again: routable.
+  ++busy.engine_steps;
+  ASSERT_TRUE(registry.Heartbeat(again, busy, {}).ok());
+  EXPECT_EQ(registry.Get("wedged")->health, WorkerHealth::kHealthy);
+  // A restarted process (new incarnation) starts clean.
+  for (int s = 0; s < 11; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(registry.Heartbeat(idle, nothing, {}).ok());
+    // Refused from the 11th second: wedged again.
+    (void)registry.Heartbeat(again, busy, {});
+  }
+  ASSERT_EQ(registry.Tick().size(), 1u);
+  const WorkerRef restarted = *registry.Register(Named("wedged", 3, "h:2"));
+  EXPECT_EQ(registry.Get("wedged")->health, WorkerHealth::kHealthy);
+  EXPECT_EQ(restarted.id, "wedged");
+}
+
+TEST_F(WorkerRegistryTest, EngineStallCheckNeedsAPositiveBound) {
+  WorkerRegistryOptions options;
+  options.engine_stall_after = absl::ZeroDuration();
+  EXPECT_THAT(WorkerRegistry::Create(options, &clock_).status().message(),
+              HasSubstr("engine_stall_after must be > 0"));
+  options.engine_stall_after = absl::InfiniteDuration();
+  EXPECT_TRUE(WorkerRegistry::Create(options, &clock_).ok());
+}
+
 }  // namespace
 }  // namespace baton::coordinator

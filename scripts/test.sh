@@ -87,7 +87,7 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (its build leaves the matmul tiles uninstrumented,
 # kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
 # is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
-# killed workers, and the killed coordinators of the restart and replica
+# killed workers (the wedged one too), and the killed coordinators of the restart and replica
 # tests, also make gRPC's uninstrumented cancellation paths report races
 # inside gRPC itself; so does a worker streaming to several clients at once,
 # as in the elastic-membership test: gRPC's callback tags are set on one
@@ -99,4 +99,4 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # OpenSSL; the HTTPS sessions run under both, in http_unit_test).
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Frozen|Stalled|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Frozen|Stalled|Wedged|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"

@@ -26,8 +26,9 @@ absl::StatusOr<FaultAction> ParseAction(absl::string_view action) {
   if (action == "crash") return FaultAction::kCrash;
   if (action == "stop") return FaultAction::kStop;
   if (action == "error") return FaultAction::kError;
+  if (action == "hang") return FaultAction::kHang;
   return absl::InvalidArgumentError(absl::StrCat(
-      "fault action '", action, "' is not one of crash, stop, error"));
+      "fault action '", action, "' is not one of crash, stop, error, hang"));
 }
 
 }  // namespace
@@ -115,6 +116,9 @@ absl::Status FaultPoints::Hit(absl::string_view point) {
       announce("stopped");
       raise(SIGSTOP);
       return absl::OkStatus();
+    case FaultAction::kHang:
+      announce("hung");
+      for (;;) pause();  // only a signal's default action ends this
     case FaultAction::kError:
       break;
   }

@@ -14,6 +14,9 @@
 //          returns OK once the process is continued.
 //   error  the hit returns Internal naming the point, which the caller
 //          handles as the failure that can happen there.
+//   hang   the hitting thread blocks for good after announcing "fault point
+//          POINT: hung" (a wedged engine: the rest of the process, its
+//          heartbeats included, goes on); only a signal ends the process.
 // Unarmed points cost one relaxed atomic load.
 #ifndef BATON_COMMON_FAULT_FAULT_POINTS_H_
 #define BATON_COMMON_FAULT_FAULT_POINTS_H_
@@ -41,7 +44,7 @@ inline constexpr absl::string_view kFaultDecodeStep = "decode_step";
 // Every point above; a spec naming another is refused.
 const std::vector<absl::string_view>& KnownFaultPoints();
 
-enum class FaultAction { kCrash, kStop, kError };
+enum class FaultAction { kCrash, kStop, kError, kHang };
 
 struct FaultSpec {
   std::string point;

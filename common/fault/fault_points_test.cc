@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,9 +17,9 @@ using ::testing::HasSubstr;
 TEST(FaultSpecTest, ParsesEveryActionAndHit) {
   auto specs = ParseFaultSpecs(
       "prefill_step:crash,decode_step:stop@3,"
-      "prefill_step:error@2");
+      "prefill_step:error@2,decode_step:hang");
   ASSERT_TRUE(specs.ok()) << specs.status();
-  ASSERT_EQ(specs->size(), 3u);
+  ASSERT_EQ(specs->size(), 4u);
   EXPECT_EQ((*specs)[0].point, "prefill_step");
   EXPECT_EQ((*specs)[0].action, FaultAction::kCrash);
   EXPECT_EQ((*specs)[0].hit, 1);
@@ -26,6 +27,7 @@ TEST(FaultSpecTest, ParsesEveryActionAndHit) {
   EXPECT_EQ((*specs)[1].hit, 3);
   EXPECT_EQ((*specs)[2].action, FaultAction::kError);
   EXPECT_EQ((*specs)[2].hit, 2);
+  EXPECT_EQ((*specs)[3].action, FaultAction::kHang);
   EXPECT_TRUE(ParseFaultSpecs("")->empty());
 }
 
@@ -94,6 +96,45 @@ TEST(FaultPointsTest, CrashKillsAndStopStopsTheProcess) {
   ASSERT_EQ(waitpid(stopping, &status, 0), stopping);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+// hang: the hitting thread never returns while the rest of the process goes
+// on (here: writes to a pipe); only a signal ends it.
+TEST(FaultPointsTest, HangBlocksOnlyTheHittingThread) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t hanging = fork();
+  ASSERT_GE(hanging, 0);
+  if (hanging == 0) {
+    close(fds[0]);
+    static FaultPoints points;
+    points.Arm(*ParseFaultSpecs("decode_step:hang"));
+    std::thread engine([] {
+      (void)points.Hit(kFaultDecodeStep);
+      _exit(1);  // a hit that returned
+    });
+    engine.detach();
+    for (int i = 0; i < 3; ++i) {
+      usleep(100 * 1000);
+      if (write(fds[1], "a", 1) != 1) _exit(2);
+    }
+    for (;;) pause();
+  }
+  close(fds[1]);
+  char buf[3];
+  size_t got = 0;
+  while (got < sizeof(buf)) {
+    const ssize_t n = read(fds[0], buf + got, sizeof(buf) - got);
+    ASSERT_GT(n, 0) << "the process stopped writing";
+    got += static_cast<size_t>(n);
+  }
+  int status = 0;
+  EXPECT_EQ(waitpid(hanging, &status, WNOHANG), 0) << "it ended on its own";
+  kill(hanging, SIGKILL);
+  ASSERT_EQ(waitpid(hanging, &status, 0), hanging);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  close(fds[0]);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 //                     --model=PATH
 //                     [--policy=least_loaded|round_robin]
 //                     [--heartbeat_ms=N] [--lease_ttl_ms=N]
+//                     [--engine_stall_timeout_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--max_migrations=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
@@ -64,6 +65,11 @@ ABSL_FLAG(std::string, policy, "least_loaded", "least_loaded or round_robin");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "workers heartbeat this often");
 ABSL_FLAG(int64_t, lease_ttl_ms, 3000,
           "a worker without a heartbeat for this long is down");
+ABSL_FLAG(int64_t, engine_stall_timeout_ms, 60000,
+          "a worker whose heartbeats show running sequences or queued prompt "
+          "tokens but no engine step for this long is wedged: it goes down "
+          "(its requests fail or migrate) and gets no new requests until its "
+          "engine moves again (0: never)");
 ABSL_FLAG(int64_t, queue_timeout_ms, 30000,
           "how long a request waits for a decode worker with free KV blocks");
 ABSL_FLAG(int64_t, transfer_timeout_ms, 30000,
@@ -191,6 +197,13 @@ int Main() {
   if (options.registry.suspect_after >= options.registry.lease_ttl) {
     options.registry.suspect_after = options.registry.heartbeat_interval;
   }
+  const int64_t stall_ms = absl::GetFlag(FLAGS_engine_stall_timeout_ms);
+  if (stall_ms < 0) {
+    Log("--engine_stall_timeout_ms must be >= 0 (0: no stall check)");
+    return 2;
+  }
+  options.registry.engine_stall_after =
+      stall_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(stall_ms);
   options.queue_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_queue_timeout_ms));
   options.transfer_timeout =
@@ -399,7 +412,8 @@ int main(int argc, char** argv) {
       "baton-coordinator --listen=HOST:PORT --control_listen=HOST:PORT "
       "--model=PATH "
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
-      "[--lease_ttl_ms=N] [--queue_timeout_ms=N] [--transfer_timeout_ms=N] "
+      "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
+      "[--transfer_timeout_ms=N] "
       "[--max_migrations=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "

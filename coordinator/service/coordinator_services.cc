@@ -69,6 +69,7 @@ WorkerLoad LoadFromProto(const v1::WorkerLoad& proto) {
   load.kv_blocks_total = proto.kv_blocks_total();
   load.kv_blocks_reserved = proto.kv_blocks_reserved();
   load.queued_reservations = proto.queued_reservations();
+  load.engine_steps = proto.engine_steps();
   return load;
 }
 
@@ -80,6 +81,7 @@ v1::WorkerLoad LoadToProto(const WorkerLoad& load) {
   proto.set_kv_blocks_total(load.kv_blocks_total);
   proto.set_kv_blocks_reserved(load.kv_blocks_reserved);
   proto.set_queued_reservations(load.queued_reservations);
+  proto.set_engine_steps(load.engine_steps);
   return proto;
 }
 

@@ -2,8 +2,12 @@
 #ifndef BATON_TESTS_CLUSTER_CLUSTER_FAULT_UTIL_H_
 #define BATON_TESTS_CLUSTER_CLUSTER_FAULT_UTIL_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -37,6 +41,23 @@ inline void ExpectAllFree(LocalCluster& cluster) {
 inline void ExpectCleanStop(LocalCluster& cluster) {
   const absl::Status stopped = cluster.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// The worker's health as the coordinator's GetClusterStatus shows it;
+// UNSPECIFIED if the call fails or no worker has this address.
+inline v1::WorkerHealth HealthAtCoordinator(LocalCluster& cluster,
+                                            const std::string& address) {
+  v1::GetClusterStatusResponse status;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  if (!cluster.baton().GetClusterStatus(&context, {}, &status).ok()) {
+    return v1::WORKER_HEALTH_UNSPECIFIED;
+  }
+  for (const v1::WorkerStatus& w : status.workers()) {
+    if (w.worker().address() == address) return w.health();
+  }
+  return v1::WORKER_HEALTH_UNSPECIFIED;
 }
 
 }  // namespace baton::testing

@@ -49,21 +49,6 @@ LocalClusterOptions DrainingCluster() {
   return options;
 }
 
-v1::WorkerHealth HealthAtCoordinator(LocalCluster& cluster,
-                                     const std::string& address) {
-  v1::GetClusterStatusResponse status;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  if (!cluster.baton().GetClusterStatus(&context, {}, &status).ok()) {
-    return v1::WORKER_HEALTH_UNSPECIFIED;
-  }
-  for (const v1::WorkerStatus& w : status.workers()) {
-    if (w.worker().address() == address) return w.health();
-  }
-  return v1::WORKER_HEALTH_UNSPECIFIED;
-}
-
 grpc::health::v1::HealthCheckResponse::ServingStatus OwnHealth(
     const std::string& address) {
   auto stub = grpc::health::v1::Health::NewStub(

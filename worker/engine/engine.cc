@@ -154,6 +154,7 @@ EngineStats Engine::stats() {
   EngineStats s;
   s.num_waiting = published_waiting_.load(std::memory_order_relaxed);
   s.num_running = published_running_.load(std::memory_order_relaxed);
+  s.steps = published_steps_.load(std::memory_order_relaxed);
   s.num_handoffs = published_handoffs_.load(std::memory_order_relaxed);
   absl::MutexLock lock(&cache_mu_);
   s.num_imports = static_cast<int64_t>(imports_.size());
@@ -352,6 +353,7 @@ void Engine::FlushText(Sequence* seq, FinishReason* reason,
 
 bool Engine::Step() {
   const bool worked = StepOnce();
+  if (worked) published_steps_.fetch_add(1, std::memory_order_relaxed);
   // Scheduler state belongs to this thread; other threads read the copy.
   published_waiting_.store(scheduler_->num_waiting(),
                            std::memory_order_relaxed);

@@ -138,6 +138,9 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t kv_evictions = 0;
+  // Steps that ran a batch since the engine started: a worker whose count
+  // stands still while it holds work has a wedged engine.
+  int64_t steps = 0;
 };
 
 class Engine {
@@ -368,6 +371,7 @@ class Engine {
   // Copies of the engine thread's counts for stats() on other threads.
   std::atomic<int64_t> published_waiting_{0};
   std::atomic<int64_t> published_running_{0};
+  std::atomic<int64_t> published_steps_{0};
   std::atomic<int64_t> published_handoffs_{0};
   std::atomic<int64_t> published_prefix_queries_{0};
   std::atomic<int64_t> published_prefix_hits_{0};

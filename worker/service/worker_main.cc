@@ -94,8 +94,9 @@ ABSL_FLAG(int64_t, fault_after_steps, 0,
 ABSL_FLAG(std::string, fault, "",
           "fault injection for tests: POINT:ACTION[@N],... makes the N-th "
           "hit (default 1, counted after the warm-up) of a fault point crash "
-          "the worker, stop it (SIGSTOP) or fail there (actions crash, stop, "
-          "error; points prefill_step, decode_step; see "
+          "the worker, stop it (SIGSTOP), fail there or block the engine "
+          "for good (actions crash, stop, error, hang; points prefill_step, "
+          "decode_step; see "
           "common/fault/fault_points.h); empty: off");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of baton-coordinator's control plane (its "

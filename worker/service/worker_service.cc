@@ -115,6 +115,7 @@ v1::WorkerLoad WorkerService::Load() {
   load.set_kv_blocks_total(stats.kv_blocks_total);
   load.set_kv_blocks_cached(stats.kv_blocks_cached);
   load.set_kv_blocks_used(stats.kv_blocks_used);
+  load.set_engine_steps(stats.steps);
   load.set_active_transfers(
       static_cast<int32_t>(stats.num_handoffs + stats.num_imports));
   load.set_queued_reservations(
