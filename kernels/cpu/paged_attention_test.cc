@@ -1,7 +1,9 @@
 #include "kernels/cpu/paged_attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -88,7 +90,7 @@ TEST_P(PagedAttentionTest, MatchesDoubleReferenceOnEveryPath) {
   TestCache cache(p.start + p.queries, p.kv_heads, p.head_dim, p.block_size, 7);
   std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 11);
   AttentionShape shape{p.heads, 1.0f / std::sqrt(float(p.head_dim))};
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
     if (!IsCpuIsaSupported(isa)) continue;
     std::vector<float> out(q.size(), NAN);
     PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
@@ -120,7 +122,7 @@ TEST_P(PagedAttentionTest, BitIdenticalAcrossChunkings) {
   std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 5);
   AttentionShape shape{p.heads, 1.0f / std::sqrt(float(p.head_dim))};
   const int64_t row = p.heads * p.head_dim;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
     if (!IsCpuIsaSupported(isa)) continue;
     std::vector<float> whole(q.size());
     PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
@@ -139,11 +141,42 @@ TEST_P(PagedAttentionTest, BitIdenticalAcrossChunkings) {
   }
 }
 
+// Every path this CPU has gives the scalar path's bits (head_dim a multiple
+// of 16: one score order for all; other head dims run the scalar path on
+// every ISA), so a request keeps its tokens across hosts with different CPUs.
+TEST_P(PagedAttentionTest, BitIdenticalAcrossIsaPaths) {
+  const Shape p = GetParam();
+  TestCache cache(p.start + p.queries, p.kv_heads, p.head_dim, p.block_size, 9);
+  std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 13);
+  AttentionShape shape{p.heads, 1.0f / std::sqrt(float(p.head_dim))};
+  std::vector<float> scalar(q.size());
+  PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
+                 scalar.data(), CpuIsa::kScalar);
+  int paths = 0;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+    if (!IsCpuIsaSupported(isa)) continue;
+    ++paths;
+    std::vector<float> out(q.size(), NAN);
+    PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
+                   out.data(), isa);
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]),
+                std::bit_cast<uint32_t>(scalar[i]))
+          << CpuIsaName(isa) << " element " << i << ": " << out[i]
+          << " vs scalar " << scalar[i];
+    }
+  }
+  std::printf("paged attention: %d vector path(s) compared with scalar\n",
+              paths);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedAttentionTest,
     ::testing::Values(Shape{9, 3, 64, 16, 0, 1}, Shape{9, 3, 64, 16, 0, 37},
                       Shape{9, 3, 64, 16, 50, 19}, Shape{4, 4, 32, 8, 7, 9},
-                      Shape{8, 1, 128, 16, 100, 3}, Shape{6, 2, 24, 4, 3, 5}));
+                      Shape{8, 1, 128, 16, 100, 3}, Shape{6, 2, 24, 4, 3, 5},
+                      Shape{32, 8, 128, 16, 300, 2},
+                      Shape{16, 1, 256, 16, 20, 21}));
 
 }  // namespace
 }  // namespace baton

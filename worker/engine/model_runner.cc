@@ -53,10 +53,15 @@ absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
-    const ModelWeights* weights, KvCache* cache, ThreadPool* pool) {
+    const ModelWeights* weights, KvCache* cache, ThreadPool* pool, CpuIsa isa) {
   BATON_RETURN_IF_ERROR(
       CheckKvLayoutFitsModel(weights->config(), cache->layout(), "CPU"));
-  std::unique_ptr<ModelRunner> runner(new ModelRunner(weights, cache, pool));
+  if (!IsCpuIsaSupported(isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CPU kernel path ", CpuIsaName(isa), " is not supported by this CPU"));
+  }
+  std::unique_ptr<ModelRunner> runner(
+      new ModelRunner(weights, cache, pool, isa));
   BATON_ASSIGN_OR_RETURN(RopeOptions rope, ModelRopeOptions(*weights));
   BATON_ASSIGN_OR_RETURN(runner->rope_, RopeTable::Create(rope));
   return runner;
@@ -158,7 +163,8 @@ absl::Status ModelRunner::Forward(std::span<const ForwardItem> items,
   }
   logits->resize(n_rows * c.vocab_size);
   if (n_rows == 0) return absl::OkStatus();
-  return MatMul(weights_->output(), h_.data(), n_rows, logits->data(), pool_);
+  return MatMul(weights_->output(), h_.data(), n_rows, logits->data(), pool_,
+                {.isa = isa_});
 }
 
 absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
@@ -173,7 +179,7 @@ absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
   input_.Reset(h_.data(), tokens_, hidden);
   const MatMulTarget qkv[] = {
       {&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
-  BATON_RETURN_IF_ERROR(MatMulGroup(qkv, input_, pool_));
+  BATON_RETURN_IF_ERROR(MatMulGroup(qkv, input_, pool_, {.isa = isa_}));
   for (int64_t t = 0; t < tokens_; ++t) {
     float* q = q_.data() + t * q_dim;
     float* k = k_.data() + t * kv_dim;
@@ -188,17 +194,18 @@ absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
     cache_->WriteKv(*items[token_item_[t]].table, l, token_pos_[t], k, v);
   }
   Attention(l, items);
-  BATON_RETURN_IF_ERROR(MatMul(w.wo, attn_.data(), tokens_, h_.data(), pool_));
+  BATON_RETURN_IF_ERROR(
+      MatMul(w.wo, attn_.data(), tokens_, h_.data(), pool_, {.isa = isa_}));
   for (int64_t i = 0; i < tokens_ * hidden; ++i) x_[i] += h_[i];
 
   RmsNorm(x_.data(), w.ffn_norm, tokens_, hidden, eps, h_.data());
   input_.Reset(h_.data(), tokens_, hidden);
   const MatMulTarget gate_up[] = {{&w.w_gate, gate_.data()},
                                   {&w.w_up, up_.data()}};
-  BATON_RETURN_IF_ERROR(MatMulGroup(gate_up, input_, pool_));
+  BATON_RETURN_IF_ERROR(MatMulGroup(gate_up, input_, pool_, {.isa = isa_}));
   SwiGlu(gate_.data(), up_.data(), tokens_ * c.intermediate_size, gate_.data());
   BATON_RETURN_IF_ERROR(
-      MatMul(w.w_down, gate_.data(), tokens_, h_.data(), pool_));
+      MatMul(w.w_down, gate_.data(), tokens_, h_.data(), pool_, {.isa = isa_}));
   for (int64_t i = 0; i < tokens_ * hidden; ++i) x_[i] += h_[i];
   return absl::OkStatus();
 }
@@ -241,7 +248,7 @@ void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
                        layer.block_size, 1, c.head_dim};
         const int64_t offset = t * q_dim + g * group * c.head_dim;
         PagedAttention(q_.data() + offset, 1, token_pos_[t], group_shape, kv,
-                       attn_.data() + offset);
+                       attn_.data() + offset, isa_);
       }
     }
   };

@@ -47,9 +47,11 @@ absl::StatusOr<RopeOptions> ModelRopeOptions(const ModelWeights& weights);
 class ModelRunner : public ForwardRunner {
  public:
   // The runner borrows all three; the cache must be F16 and shaped for the
-  // model.
+  // model. `isa`: the kernels' path (every path gives the same logits; a
+  // test runs each). FailedPrecondition if this CPU lacks it.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(
-      const ModelWeights* weights, KvCache* cache, ThreadPool* pool);
+      const ModelWeights* weights, KvCache* cache, ThreadPool* pool,
+      CpuIsa isa = BestCpuIsa());
 
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -67,8 +69,9 @@ class ModelRunner : public ForwardRunner {
   const ModelConfig& config() const { return weights_->config(); }
 
  private:
-  ModelRunner(const ModelWeights* weights, KvCache* cache, ThreadPool* pool)
-      : weights_(weights), cache_(cache), pool_(pool) {}
+  ModelRunner(const ModelWeights* weights, KvCache* cache, ThreadPool* pool,
+              CpuIsa isa)
+      : weights_(weights), cache_(cache), pool_(pool), isa_(isa) {}
   absl::Status Validate(std::span<const ForwardItem> items) const;
   absl::Status Layer(int64_t l, std::span<const ForwardItem> items);
   void Attention(int64_t l, std::span<const ForwardItem> items);
@@ -76,6 +79,7 @@ class ModelRunner : public ForwardRunner {
   const ModelWeights* weights_;
   KvCache* cache_;
   ThreadPool* pool_;
+  const CpuIsa isa_;
   std::unique_ptr<RopeTable> rope_;
 
   // Activations for the current batch, [tokens, width].

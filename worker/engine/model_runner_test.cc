@@ -56,10 +56,10 @@ class ModelRunnerTest : public testing::DefaultModelTest {
   std::vector<float> AllLogits(
       const std::vector<int32_t>& tokens, int64_t chunk,
       const std::vector<std::vector<int32_t>>& others = {},
-      const ModelWeights* weights = nullptr) {
+      const ModelWeights* weights = nullptr, CpuIsa isa = BestCpuIsa()) {
     auto cache = MakeCache(64);
     auto runner = ModelRunner::Create(weights != nullptr ? weights : weights_,
-                                      cache.get(), pool_);
+                                      cache.get(), pool_, isa);
     EXPECT_TRUE(runner.ok()) << runner.status();
     BlockTable table;
     EXPECT_TRUE(cache->Reserve(table, tokens.size()).ok());
@@ -193,6 +193,28 @@ TEST_F(ModelRunnerTest, EightBitActivationsStayCloseToTheF32Reference) {
   }
   EXPECT_GE(cmp.top1_agreement, 0.9);
   EXPECT_LT(cmp.mean_kl, 0.05);
+}
+
+// The whole forward pass (matmuls, attention with its exp, norms, RoPE)
+// gives the same bits on every kernel path this CPU has, prefill chunks and
+// decode steps alike: a request moved between hosts with different CPUs
+// keeps its tokens.
+TEST_F(ModelRunnerTest, LogitsBitIdenticalAcrossIsaPaths) {
+  const std::vector<int32_t> tokens = Tokens(21, 5);
+  const std::vector<float> scalar =
+      AllLogits(tokens, 7, {}, nullptr, CpuIsa::kScalar);
+  int paths = 0;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+    if (!IsCpuIsaSupported(isa)) continue;
+    ++paths;
+    const std::vector<float> got = AllLogits(tokens, 7, {}, nullptr, isa);
+    ASSERT_EQ(got.size(), scalar.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), scalar.data(), got.size() * 4))
+        << CpuIsaName(isa) << " differs from scalar";
+  }
+  std::printf(
+      "whole forward: %d vector path(s) compared with scalar (best: %s)\n",
+      paths, std::string(CpuIsaName(BestCpuIsa())).c_str());
 }
 
 TEST_F(ModelRunnerTest, RejectsBadItems) {
