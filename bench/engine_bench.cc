@@ -139,6 +139,12 @@ int Main() {
   std::printf("model: %s (%s, %lld layers, hidden %lld)\n", model.c_str(),
               c.name.c_str(), (long long)c.num_layers,
               (long long)c.hidden_size);
+  const CpuFeatures& f = GetCpuFeatures();
+  std::printf(
+      "CPU: %s; detected: avx2 %d fma %d f16c %d avx512f %d avx512bw %d "
+      "avx512vl %d avx512vnni %d\n",
+      CpuModelName().c_str(), f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw,
+      f.avx512vl, f.avx512vnni);
   std::printf("threads: %d, kernel path: %s\n", threads,
               std::string(CpuIsaName(BestCpuIsa())).c_str());
 

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -110,6 +112,19 @@ absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown CPU ISA \"", name, "\"; expected scalar, avx2 or avx512vnni"));
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(' ', colon + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown CPU";
 }
 
 }  // namespace baton

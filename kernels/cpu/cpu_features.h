@@ -3,6 +3,8 @@
 #ifndef BATON_KERNELS_CPU_CPU_FEATURES_H_
 #define BATON_KERNELS_CPU_CPU_FEATURES_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -41,6 +43,10 @@ CpuIsa BestCpuIsa();
 absl::string_view CpuIsaName(CpuIsa isa);
 // Inverse of CpuIsaName; InvalidArgument for any other string.
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name);
+
+// The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC 7551 ..."), or
+// "unknown CPU": printed next to every benchmark figure.
+std::string CpuModelName();
 
 }  // namespace baton
 

@@ -12,3 +12,10 @@ baton_test(rms_norm_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rms_norm_test.cc DEPS ba
 baton_test(rope_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rope_test.cc DEPS baton_cpu_ops)
 baton_test(paged_attention_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/paged_attention_test.cc DEPS baton_cpu_ops)
+
+if(NOT BATON_FUZZ)
+  add_executable(attention_bench
+    ${CMAKE_CURRENT_LIST_DIR}/../../bench/kernels/attention_bench.cc)
+  target_compile_options(attention_bench PRIVATE ${BATON_WARNINGS})
+  target_link_libraries(attention_bench PRIVATE baton_cpu_ops baton_bench_util)
+endif()
