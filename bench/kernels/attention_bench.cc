@@ -85,7 +85,7 @@ int Run(int reps, int64_t context) {
       const double flops =
           4.0 * static_cast<double>(m.head_dim * m.heads) * keys;
       double scalar_s = 0;
-      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+      for (CpuIsa isa : kAllCpuIsas) {
         if (!IsCpuIsaSupported(isa)) continue;
         const double s = bench::BestSeconds(reps, [&] {
           PagedAttention(q.data(), c.queries, start, shape, view, out.data(),

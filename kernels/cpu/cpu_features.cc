@@ -56,7 +56,7 @@ CpuFeatures Detect() { return CpuFeatures(); }
 
 CpuIsa DetectBestIsa() {
   CpuIsa best = CpuIsa::kScalar;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (IsCpuIsaSupported(isa)) best = isa;
   }
   if (const char* env = std::getenv("BATON_CPU_ISA"); env != nullptr) {
@@ -82,6 +82,8 @@ bool IsCpuIsaSupported(CpuIsa isa) {
       return true;
     case CpuIsa::kAvx2:
       return f.avx2 && f.fma && f.f16c;
+    case CpuIsa::kAvx512:
+      return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl;
     case CpuIsa::kAvx512Vnni:
       return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
              f.avx512vl && f.avx512vnni;
@@ -100,6 +102,8 @@ absl::string_view CpuIsaName(CpuIsa isa) {
       return "scalar";
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
     case CpuIsa::kAvx512Vnni:
       return "avx512vnni";
   }
@@ -107,11 +111,12 @@ absl::string_view CpuIsaName(CpuIsa isa) {
 }
 
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (name == CpuIsaName(isa)) return isa;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown CPU ISA \"", name, "\"; expected scalar, avx2 or avx512vnni"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown CPU ISA \"", name,
+                   "\"; expected scalar, avx2, avx512 or avx512vnni"));
 }
 
 std::string CpuModelName() {

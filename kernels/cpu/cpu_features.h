@@ -26,20 +26,28 @@ struct CpuFeatures {
 // Detected once, then cached. Thread-safe.
 const CpuFeatures& GetCpuFeatures();
 
-// Kernel paths, slowest to fastest. Each path is a different (fixed) reduction
-// order, so results are bit-identical only between runs on the same path.
+// Kernel paths, slowest to fastest. Every path computes each result with the
+// same operations in the same order, so all give the same bits (the kernels'
+// tests and ModelRunnerTest.LogitsBitIdenticalAcrossIsaPaths check it); only
+// speed differs.
 enum class CpuIsa {
   kScalar = 0,      // portable C++, any x86-64 (or other) CPU
   kAvx2 = 1,        // AVX2 + FMA + F16C
-  kAvx512Vnni = 2,  // AVX-512 F/BW/VL/VNNI + FMA + F16C
+  kAvx512 = 2,      // AVX-512 F/BW/VL + FMA + F16C, no VNNI (Skylake-X class)
+  kAvx512Vnni = 3,  // AVX-512 F/BW/VL/VNNI + FMA + F16C
 };
 
+// Every path, slowest first.
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2,
+                                         CpuIsa::kAvx512, CpuIsa::kAvx512Vnni};
+
 bool IsCpuIsaSupported(CpuIsa isa);
-// The fastest supported path; cached. BATON_CPU_ISA=scalar|avx2|avx512vnni in
-// the environment lowers it (never raises it past what the CPU supports), so
-// machines with different CPUs can be made to agree bit-for-bit.
+// The fastest supported path; cached.
+// BATON_CPU_ISA=scalar|avx2|avx512|avx512vnni in the environment lowers it
+// (never raises it past what the CPU supports), so machines with different CPUs
+// can be made to agree bit-for-bit.
 CpuIsa BestCpuIsa();
-// "scalar", "avx2", "avx512vnni".
+// "scalar", "avx2", "avx512", "avx512vnni".
 absl::string_view CpuIsaName(CpuIsa isa);
 // Inverse of CpuIsaName; InvalidArgument for any other string.
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name);

@@ -36,10 +36,11 @@ inline uint16_t F32ToF16(float f) {
   uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf or NaN
-    return sign | (abs > 0x7f800000u ? 0x7e00u | ((abs >> 13) & 0x3ffu) : 0x7c00u);
+    return sign |
+           (abs > 0x7f800000u ? 0x7e00u | ((abs >> 13) & 0x3ffu) : 0x7c00u);
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                        // result is subnormal or zero
     if (abs < 0x33000000u) return sign;  // below half the smallest subnormal
     uint32_t e = abs >> 23;
     uint32_t m = (abs & 0x7fffffu) | 0x800000u;
@@ -63,7 +64,8 @@ inline float BF16ToF32(uint16_t b) {
 // Round to nearest even; NaN stays a quiet NaN.
 inline uint16_t F32ToBF16(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
 }

@@ -26,6 +26,8 @@ const KernelTable& Kernels(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512Vnni:
       return matmul_internal::Avx512VnniKernels();
+    case CpuIsa::kAvx512:
+      return matmul_internal::Avx512Kernels();
     case CpuIsa::kAvx2:
       return matmul_internal::Avx2Kernels();
     case CpuIsa::kScalar:

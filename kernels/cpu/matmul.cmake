@@ -19,6 +19,7 @@ baton_library(baton_matmul
        ${CMAKE_CURRENT_LIST_DIR}/matmul_scalar.cc
        ${CMAKE_CURRENT_LIST_DIR}/matmul_avx2.cc
        ${CMAKE_CURRENT_LIST_DIR}/matmul_avx512.cc
+       ${CMAKE_CURRENT_LIST_DIR}/matmul_avx512bw.cc
   DEPS baton_cpu_features baton_thread_pool baton_tensor baton_common
        absl::status absl::statusor absl::strings)
 target_compile_options(baton_matmul PRIVATE -ffp-contract=off)
@@ -34,6 +35,7 @@ if(BATON_SANITIZE MATCHES "thread")
     ${CMAKE_CURRENT_LIST_DIR}/matmul_scalar.cc
     ${CMAKE_CURRENT_LIST_DIR}/matmul_avx2.cc
     ${CMAKE_CURRENT_LIST_DIR}/matmul_avx512.cc
+    ${CMAKE_CURRENT_LIST_DIR}/matmul_avx512bw.cc
     TARGET_DIRECTORY baton_matmul
     PROPERTIES COMPILE_OPTIONS -fno-sanitize=thread)
 endif()

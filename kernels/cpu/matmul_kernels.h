@@ -79,6 +79,7 @@ struct KernelTable {
 const KernelTable& ScalarKernels();
 // REQUIRES: the CPU supports the ISA (see cpu_features.h).
 const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
 const KernelTable& Avx512VnniKernels();
 
 }  // namespace baton::matmul_internal

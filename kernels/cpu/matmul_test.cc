@@ -21,7 +21,7 @@ constexpr DType kDTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (IsCpuIsaSupported(isa)) isas.push_back(isa);
   }
   return isas;
@@ -231,6 +231,59 @@ TEST(MatMulTest, MatchesReferenceOnOddShapesAndEveryPathIsBitIdentical) {
   }
 }
 
+// The extremes of the 8-bit dot products: Q8_0 weights of -128 and 127
+// against activations quantized to +-127, where a 16-bit pair sum would
+// overflow if a path summed pairs naively (AVX-512 without VNNI sums byte
+// pairs in 16 bits). Every path must give the exact sums.
+TEST(MatMulTest, ExtremeQ8ProductsAreExactOnEveryPath) {
+  constexpr int64_t kRows = 4, kK = 64;
+  const DTypeInfo& info = GetDTypeInfo(DType::kQ8_0);
+  std::vector<uint8_t> bytes(kRows * kK / 32 * info.block_bytes);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t b = 0; b < kK / 32; ++b) {
+      uint8_t* blk = bytes.data() + (r * kK / 32 + b) * info.block_bytes;
+      PutF16(blk, 1.0f);
+      for (int i = 0; i < 32; ++i) {
+        const int8_t q = r % 2 == 0 ? int8_t{-128} : int8_t{127};
+        std::memcpy(blk + 2 + i, &q, 1);
+      }
+    }
+  }
+  TensorView view;
+  view.dtype = DType::kQ8_0;
+  view.shape = {kRows, kK};
+  view.data = bytes.data();
+  view.nbytes = bytes.size();
+  // Tokens: all +1, all -1, alternating: quantized to +-127.
+  std::vector<float> x(3 * kK);
+  for (int64_t i = 0; i < kK; ++i) {
+    x[i] = 1.0f;
+    x[kK + i] = -1.0f;
+    x[2 * kK + i] = i % 2 == 0 ? 1.0f : -1.0f;
+  }
+  // The activations' scale is stored as an IEEE half (quantize_activations).
+  const double da = F16ToF32(F32ToF16(1.0f / 127.0f));
+  std::vector<float> scalar;
+  for (CpuIsa isa : SupportedIsas()) {
+    std::vector<float> y(3 * kRows, NAN);
+    MatMulOptions options;
+    options.isa = isa;
+    ASSERT_TRUE(MatMul(view, x.data(), 3, y.data(), nullptr, options).ok());
+    for (int64_t r = 0; r < kRows; ++r) {
+      const double w = r % 2 == 0 ? -128.0 : 127.0;
+      const double full = w * 127.0 * da * kK;
+      EXPECT_NEAR(y[0 * kRows + r], full, 1e-6 * std::fabs(full))
+          << CpuIsaName(isa) << " row " << r;
+      EXPECT_NEAR(y[1 * kRows + r], -full, 1e-6 * std::fabs(full))
+          << CpuIsaName(isa) << " row " << r;
+      EXPECT_EQ(y[2 * kRows + r], 0.0f) << CpuIsaName(isa) << " row " << r;
+    }
+    if (isa == CpuIsa::kScalar) scalar = y;
+    EXPECT_TRUE(BitEqual(y.data(), scalar.data(), y.size()))
+        << CpuIsaName(isa) << " differs from scalar";
+  }
+}
+
 TEST(MatMulTest, BatchInvariantAcrossBatchSizePositionThreadsAndPaths) {
   const int64_t rows = 203, k = 576, tokens = 37;
   std::vector<std::unique_ptr<ThreadPool>> pools;
@@ -342,7 +395,7 @@ TEST(MatMulTest, RejectsBadInput) {
 TEST(CpuFeaturesTest, NamesRoundTripAndScalarIsAlwaysSupported) {
   EXPECT_TRUE(IsCpuIsaSupported(CpuIsa::kScalar));
   EXPECT_TRUE(IsCpuIsaSupported(BestCpuIsa()));
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     absl::StatusOr<CpuIsa> parsed = ParseCpuIsa(CpuIsaName(isa));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, isa);

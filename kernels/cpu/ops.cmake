@@ -7,6 +7,9 @@ baton_library(baton_cpu_ops
        ${CMAKE_CURRENT_LIST_DIR}/swiglu.cc
        ${CMAKE_CURRENT_LIST_DIR}/paged_attention.cc
   DEPS baton_cpu_features baton_common absl::status absl::statusor absl::strings)
+# Every path's attention does its multiply-adds where the code says (one
+# order for all paths): no contraction behind its back.
+target_compile_options(baton_cpu_ops PRIVATE -ffp-contract=off)
 
 baton_test(rms_norm_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rms_norm_test.cc DEPS baton_cpu_ops)
 baton_test(rope_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rope_test.cc DEPS baton_cpu_ops)

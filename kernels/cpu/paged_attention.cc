@@ -341,7 +341,8 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
   scratch.resize(group * max_keys);
   float* scores = scratch.data();
   const bool lanes16 = d % 16 == 0 && d <= 256;
-  const bool avx512 = isa == CpuIsa::kAvx512Vnni && lanes16;
+  const bool avx512 =
+      (isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Vnni) && lanes16;
   const bool avx2 = isa == CpuIsa::kAvx2 && lanes16;
   for (int64_t i = 0; i < num_queries; ++i) {
     const int64_t n_keys = start_pos + i + 1;

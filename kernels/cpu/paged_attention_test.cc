@@ -90,7 +90,7 @@ TEST_P(PagedAttentionTest, MatchesDoubleReferenceOnEveryPath) {
   TestCache cache(p.start + p.queries, p.kv_heads, p.head_dim, p.block_size, 7);
   std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 11);
   AttentionShape shape{p.heads, 1.0f / std::sqrt(float(p.head_dim))};
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (!IsCpuIsaSupported(isa)) continue;
     std::vector<float> out(q.size(), NAN);
     PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
@@ -122,7 +122,7 @@ TEST_P(PagedAttentionTest, BitIdenticalAcrossChunkings) {
   std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 5);
   AttentionShape shape{p.heads, 1.0f / std::sqrt(float(p.head_dim))};
   const int64_t row = p.heads * p.head_dim;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (!IsCpuIsaSupported(isa)) continue;
     std::vector<float> whole(q.size());
     PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
@@ -153,8 +153,8 @@ TEST_P(PagedAttentionTest, BitIdenticalAcrossIsaPaths) {
   PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),
                  scalar.data(), CpuIsa::kScalar);
   int paths = 0;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
-    if (!IsCpuIsaSupported(isa)) continue;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (isa == CpuIsa::kScalar || !IsCpuIsaSupported(isa)) continue;
     ++paths;
     std::vector<float> out(q.size(), NAN);
     PagedAttention(q.data(), p.queries, p.start, shape, cache.View(),

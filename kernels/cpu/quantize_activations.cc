@@ -160,6 +160,7 @@ void QuantizeRowQ8(const float* x, int64_t k, int8_t* q, float* d, float* s,
                    CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__)
+    case CpuIsa::kAvx512:
     case CpuIsa::kAvx512Vnni:
       QuantizeRowAvx512(x, k, q, d, s);
       return;

@@ -14,7 +14,7 @@ namespace {
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (IsCpuIsaSupported(isa)) isas.push_back(isa);
   }
   return isas;

@@ -204,8 +204,8 @@ TEST_F(ModelRunnerTest, LogitsBitIdenticalAcrossIsaPaths) {
   const std::vector<float> scalar =
       AllLogits(tokens, 7, {}, nullptr, CpuIsa::kScalar);
   int paths = 0;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni}) {
-    if (!IsCpuIsaSupported(isa)) continue;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (isa == CpuIsa::kScalar || !IsCpuIsaSupported(isa)) continue;
     ++paths;
     const std::vector<float> got = AllLogits(tokens, 7, {}, nullptr, isa);
     ASSERT_EQ(got.size(), scalar.size());
