@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
@@ -23,6 +26,17 @@ inline v1::GenerateRequest LongRequest(int i, int max_tokens) {
       /*seed=*/77 + static_cast<uint64_t>(i));
   request.mutable_sampling()->set_ignore_eos(true);
   return request;
+}
+
+// n LongRequests of max_tokens each, greedy (even i) and seeded (odd i).
+inline std::vector<v1::GenerateRequest> MixedLongRequests(int n,
+                                                          int max_tokens) {
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < n; ++i) {
+    requests.push_back(LongRequest(i, max_tokens));
+    if (i % 2 == 0) requests.back().mutable_sampling()->set_temperature(0);
+  }
+  return requests;
 }
 
 inline std::unique_ptr<LocalCluster> StartOrDie(
@@ -41,6 +55,93 @@ inline void ExpectAllFree(LocalCluster& cluster) {
 inline void ExpectCleanStop(LocalCluster& cluster) {
   const absl::Status stopped = cluster.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// Client streams of `requests`, one thread each, under way while a test
+// injects its fault. The constructor returns once every stream holds at
+// least `min_tokens` tokens (or ended); with `staggered`, each stream
+// starts only once the previous one got there. Join() waits for the ends;
+// results() are final after it.
+class StreamsUnderway {
+ public:
+  StreamsUnderway(v1::Baton::Stub& stub,
+                  std::vector<v1::GenerateRequest> requests, size_t min_tokens,
+                  bool staggered)
+      : requests_(std::move(requests)),
+        results_(requests_.size()),
+        ready_(requests_.size()) {
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      threads_.emplace_back([this, &stub, i, min_tokens] {
+        StreamOptions stream;
+        stream.on_message = [this, i, min_tokens](const StreamResult& so_far) {
+          if (so_far.tokens.size() >= min_tokens &&
+              !ready_[i].HasBeenNotified()) {
+            ready_[i].Notify();
+          }
+        };
+        results_[i] = RunGenerate(stub, requests_[i], stream);
+        if (!ready_[i].HasBeenNotified()) ready_[i].Notify();  // ended early
+      });
+      if (staggered) ready_[i].WaitForNotification();
+    }
+    for (absl::Notification& n : ready_) n.WaitForNotification();
+  }
+  ~StreamsUnderway() { Join(); }
+
+  void Join() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  const std::vector<StreamResult>& results() const { return results_; }
+
+ private:
+  std::vector<v1::GenerateRequest> requests_;
+  std::vector<StreamResult> results_;
+  std::vector<absl::Notification> ready_;
+  std::vector<std::thread> threads_;
+};
+
+// Runs `requests` at once, one client thread each; their results in order.
+inline std::vector<StreamResult> RunConcurrently(
+    v1::Baton::Stub& stub, const std::vector<v1::GenerateRequest>& requests) {
+  std::vector<StreamResult> results(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = RunGenerate(stub, requests[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+// Every request completed with all its max_tokens tokens after migrating
+// once, and ended on the decode worker at `address`.
+inline void ExpectMigratedOnceTo(const std::vector<StreamResult>& results,
+                                 int max_tokens, const std::string& address) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    const StreamResult& r = results[i];
+    ASSERT_TRUE(r.status.ok() && r.has_result) << i << ": " << Describe(r);
+    EXPECT_EQ(r.result.finish_reason(), v1::FINISH_REASON_LENGTH)
+        << i << ": " << Describe(r);
+    EXPECT_EQ(r.tokens.size(), static_cast<size_t>(max_tokens)) << i;
+    EXPECT_EQ(r.result.migrations(), 1) << i;
+    EXPECT_EQ(r.result.decode_worker().address(), address) << i;
+  }
+}
+
+// Each moved request's whole output (tokens and text) equals its fault-free
+// run's, which did not migrate.
+inline void ExpectSameOutputs(const std::vector<StreamResult>& moved,
+                              const std::vector<StreamResult>& fault_free) {
+  ASSERT_EQ(moved.size(), fault_free.size());
+  for (size_t i = 0; i < moved.size(); ++i) {
+    ASSERT_TRUE(fault_free[i].status.ok() && fault_free[i].has_result)
+        << Describe(fault_free[i]);
+    EXPECT_EQ(fault_free[i].result.migrations(), 0);
+    EXPECT_EQ(moved[i].tokens, fault_free[i].tokens) << "request " << i;
+    EXPECT_EQ(moved[i].text, fault_free[i].text) << "request " << i;
+  }
 }
 
 // The worker's health as the coordinator's GetClusterStatus shows it;

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -42,31 +41,10 @@ void ExpectMigratedWithIdenticalOutput(DecodeFault fault) {
   ASSERT_EQ(cluster->workers()[victim].role, "decode");
   constexpr int kRequests = 4;
   constexpr int kTokens = 120;
-  auto request_of = [](int i) {
-    v1::GenerateRequest request = LongRequest(i, kTokens);
-    if (i % 2 == 0) request.mutable_sampling()->set_temperature(0);
-    return request;
-  };
-  std::vector<StreamResult> results(kRequests);
-  std::vector<absl::Notification> streaming(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) {
-    clients.emplace_back([&, i] {
-      StreamOptions stream;
-      stream.on_message = [&, i](const StreamResult& so_far) {
-        if (so_far.tokens.size() >= 2 &&
-            !streaming[static_cast<size_t>(i)].HasBeenNotified()) {
-          streaming[static_cast<size_t>(i)].Notify();
-        }
-      };
-      results[static_cast<size_t>(i)] =
-          RunGenerate(cluster->baton(), request_of(i), stream);
-      if (!streaming[static_cast<size_t>(i)].HasBeenNotified()) {
-        streaming[static_cast<size_t>(i)].Notify();  // it ended early
-      }
-    });
-    streaming[static_cast<size_t>(i)].WaitForNotification();
-  }
+  const std::vector<v1::GenerateRequest> requests =
+      MixedLongRequests(kRequests, kTokens);
+  StreamsUnderway streams(cluster->baton(), requests, /*min_tokens=*/2,
+                          /*staggered=*/true);
   const absl::StatusOr<int> joined = cluster->AddWorker("decode");
   EXPECT_TRUE(joined.ok()) << joined.status();
   if (joined.ok()) {
@@ -78,43 +56,17 @@ void ExpectMigratedWithIdenticalOutput(DecodeFault fault) {
   } else {
     cluster->workers()[victim].process->Signal(SIGSTOP);
   }
-  for (std::thread& t : clients) t.join();
+  streams.Join();
   if (fault == DecodeFault::kFreeze) {
     // Back, it finds itself dropped, frees what it held and registers again.
     cluster->workers()[victim].process->Signal(SIGCONT);
   }
   ASSERT_TRUE(joined.ok());
-  for (int i = 0; i < kRequests; ++i) {
-    const StreamResult& r = results[static_cast<size_t>(i)];
-    ASSERT_TRUE(r.status.ok() && r.has_result) << i << ": " << Describe(r);
-    EXPECT_EQ(r.result.finish_reason(), v1::FINISH_REASON_LENGTH)
-        << i << ": " << Describe(r);
-    EXPECT_EQ(r.tokens.size(), static_cast<size_t>(kTokens)) << i;
-    EXPECT_EQ(r.result.migrations(), 1) << i;
-    EXPECT_EQ(r.result.decode_worker().address(),
-              cluster->workers()[*joined].address)
-        << i;
-  }
+  const std::vector<StreamResult>& results = streams.results();
+  ExpectMigratedOnceTo(results, kTokens, cluster->workers()[*joined].address);
   ExpectAllFree(*cluster);
   // The fault-free run of each request, on the new decode worker.
-  std::vector<StreamResult> again(kRequests);
-  std::vector<std::thread> reruns;
-  for (int i = 0; i < kRequests; ++i) {
-    reruns.emplace_back([&, i] {
-      again[static_cast<size_t>(i)] =
-          RunGenerate(cluster->baton(), request_of(i));
-    });
-  }
-  for (std::thread& t : reruns) t.join();
-  for (int i = 0; i < kRequests; ++i) {
-    const StreamResult& fault_free = again[static_cast<size_t>(i)];
-    const StreamResult& moved = results[static_cast<size_t>(i)];
-    ASSERT_TRUE(fault_free.status.ok() && fault_free.has_result)
-        << Describe(fault_free);
-    EXPECT_EQ(fault_free.result.migrations(), 0);
-    EXPECT_EQ(moved.tokens, fault_free.tokens) << "request " << i;
-    EXPECT_EQ(moved.text, fault_free.text) << "request " << i;
-  }
+  ExpectSameOutputs(results, RunConcurrently(cluster->baton(), requests));
   ExpectAllFree(*cluster);
   ExpectCleanStop(*cluster);
 }
