@@ -13,6 +13,7 @@ target_compile_options(baton_cpu_ops PRIVATE -ffp-contract=off)
 
 baton_test(rms_norm_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rms_norm_test.cc DEPS baton_cpu_ops)
 baton_test(rope_test SRCS ${CMAKE_CURRENT_LIST_DIR}/rope_test.cc DEPS baton_cpu_ops)
+baton_test(swiglu_test SRCS ${CMAKE_CURRENT_LIST_DIR}/swiglu_test.cc DEPS baton_cpu_ops)
 baton_test(paged_attention_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/paged_attention_test.cc DEPS baton_cpu_ops)
 

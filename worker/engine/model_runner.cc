@@ -203,7 +203,8 @@ absl::Status ModelRunner::Layer(int64_t l, std::span<const ForwardItem> items) {
   const MatMulTarget gate_up[] = {{&w.w_gate, gate_.data()},
                                   {&w.w_up, up_.data()}};
   BATON_RETURN_IF_ERROR(MatMulGroup(gate_up, input_, pool_, {.isa = isa_}));
-  SwiGlu(gate_.data(), up_.data(), tokens_ * c.intermediate_size, gate_.data());
+  SwiGlu(gate_.data(), up_.data(), tokens_ * c.intermediate_size, gate_.data(),
+         isa_);
   BATON_RETURN_IF_ERROR(
       MatMul(w.w_down, gate_.data(), tokens_, h_.data(), pool_, {.isa = isa_}));
   for (int64_t i = 0; i < tokens_ * hidden; ++i) x_[i] += h_[i];
