@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/exp_approx.h"
 #include "kernels/cpu/float16.h"
 
 namespace baton {
@@ -21,24 +22,8 @@ namespace {
 
 constexpr int kMaxGroup = 16;  // query heads per KV head handled together
 
-// exp(x) for x <= 0 by range reduction and a degree-6 polynomial; within 2
-// ulp of the true value on [-87, 0], 0 below. Scalar and vector versions do
-// the same operations, so they agree bit for bit.
-inline float ExpNonPositive(float x) {
-  if (x < -87.0f) return 0.0f;
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693145751953125f, x);
-  r = std::fma(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 720.0f;
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  int32_t e = static_cast<int32_t>(n) + 127;
-  return p * std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
-}
+// The softmax's exp (exp_approx.h, degree 6): arguments are <= 0.
+inline float ExpNonPositive(float x) { return exp_approx::Exp<6>(x); }
 
 // The score order every path shares for head_dim a multiple of 16: 16
 // lanes, lane l summing q[16 c + l] k[16 c + l] over c (a product, then
@@ -106,25 +91,7 @@ void GroupScalar(const float* const* qh, float* const* oh, int group,
 #define BATON_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-BATON_AVX512 inline __m512 Exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f);
-  __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  __m512 n = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-  __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-  return _mm512_maskz_mul_ps(~underflow, p, scale);
-}
+BATON_AVX512 inline __m512 Exp16(__m512 x) { return exp_approx::Exp16<6>(x); }
 
 // Reduce16's tree on one register (not _mm512_reduce_add_ps, whose order
 // is the compiler's).
@@ -222,25 +189,7 @@ BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
 }
 #define BATON_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// Exp16's operations on 8 lanes.
-BATON_AVX2 inline __m256 Exp8(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NLT_UQ);
-  __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-  return _mm256_and_ps(_mm256_mul_ps(p, scale), keep);
-}
+BATON_AVX2 inline __m256 Exp8(__m256 x) { return exp_approx::Exp8<6>(x); }
 
 // Reduce16's tree on lanes 0-7 (lo) and 8-15 (hi).
 BATON_AVX2 inline float Reduce16(__m256 lo, __m256 hi) {

@@ -13,30 +13,15 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/exp_approx.h"
+
 namespace baton {
 namespace {
 
-// e^x by range reduction (x = n ln2 + r, |r| <= ln2 / 2) and a degree-7
-// polynomial, within about 1 ulp on [-87, 88]; 0 below, infinity above (so
-// silu(g) = g / (1 + e^-g) is -0 for g < -88, where it is below 1e-35).
-// Every path does these operations in this order: the same bits.
-inline float ExpClamped(float x) {
-  if (x > 88.0f) return std::numeric_limits<float>::infinity();
-  if (x < -87.0f) return 0.0f;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693145751953125f, x);
-  r = std::fma(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 5040.0f;
-  p = std::fma(p, r, 1.0f / 720.0f);
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  return p * std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
-}
+// e^x within about 1 ulp, the same bits on every path (exp_approx.h); 0
+// below -87 and infinity above 88, so silu(g) = g / (1 + e^-g) is -0 for
+// g < -88, where it is below 1e-35.
+inline float ExpClamped(float x) { return exp_approx::Exp<7>(x); }
 
 inline float Silu(float g) { return g / (1.0f + ExpClamped(-g)); }
 
@@ -49,30 +34,7 @@ void SwiGluScalar(const float* gate, const float* up, int64_t n, float* out) {
 #define BATON_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-BATON_AVX2 inline __m256 Exp8(__m256 x) {
-  const __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NLT_UQ);
-  const __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-  return _mm256_blendv_ps(
-      _mm256_and_ps(_mm256_mul_ps(p, scale), keep),
-      _mm256_set1_ps(std::numeric_limits<float>::infinity()), over);
-}
+BATON_AVX2 inline __m256 Exp8(__m256 x) { return exp_approx::Exp8<7>(x); }
 
 BATON_AVX2 void SwiGluAvx2(const float* gate, const float* up, int64_t n,
                            float* out) {
@@ -88,32 +50,7 @@ BATON_AVX2 void SwiGluAvx2(const float* gate, const float* up, int64_t n,
   SwiGluScalar(gate + i, up + i, n - i, out + i);
 }
 
-BATON_AVX512 inline __m512 Exp16(__m512 x) {
-  const __mmask16 over =
-      _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ);
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-  const __mmask16 keep =
-      _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i e =
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-  return _mm512_mask_mov_ps(
-      _mm512_maskz_mul_ps(keep, p, scale), over,
-      _mm512_set1_ps(std::numeric_limits<float>::infinity()));
-}
+BATON_AVX512 inline __m512 Exp16(__m512 x) { return exp_approx::Exp16<7>(x); }
 
 BATON_AVX512 void SwiGluAvx512(const float* gate, const float* up, int64_t n,
                                float* out) {
