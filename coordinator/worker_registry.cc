@@ -11,6 +11,16 @@
 
 namespace baton::coordinator {
 
+namespace {
+
+// What the engine should be stepping through: a step count that stands
+// still with this is a wedge, without it an idle engine.
+bool HasEngineWork(const WorkerLoad& load) {
+  return load.running_sequences > 0 || load.queued_prefill_tokens > 0;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
     const WorkerRegistryOptions& options, const Clock* clock) {
   if (clock == nullptr) {
@@ -193,9 +203,7 @@ absl::Status WorkerRegistry::Heartbeat(
         info->registration.kv_blocks_total));
   }
   const absl::Time now = clock_->Now();
-  const bool busy =
-      load.running_sequences > 0 || load.queued_prefill_tokens > 0;
-  if (!busy || load.engine_steps != info->load.engine_steps) {
+  if (!HasEngineWork(load) || load.engine_steps != info->load.engine_steps) {
     info->last_progress = now;
     info->engine_stalled = false;
   }
@@ -247,9 +255,8 @@ void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
              info.health == WorkerHealth::kHealthy) {
     info.health = WorkerHealth::kSuspect;
   }
-  const bool busy =
-      info.load.running_sequences > 0 || info.load.queued_prefill_tokens > 0;
-  if (info.health != WorkerHealth::kDown && !info.engine_stalled && busy &&
+  if (info.health != WorkerHealth::kDown && !info.engine_stalled &&
+      HasEngineWork(info.load) &&
       now - info.last_progress > options_.engine_stall_after) {
     info.engine_stalled = true;
     MarkDownLocked(
