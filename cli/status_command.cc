@@ -57,6 +57,7 @@ Json ClusterStatusJson(const v1::GetClusterStatusResponse& status) {
         {"kv_blocks_reserved", load.kv_blocks_reserved()},
         {"running_sequences", load.running_sequences()},
         {"queued_prefill_tokens", load.queued_prefill_tokens()},
+        {"prefill_tokens_per_second", load.prefill_tokens_per_second()},
         {"waiting_requests", load.waiting_requests()},
         {"active_transfers", load.active_transfers()},
         {"queued_reservations", load.queued_reservations()},

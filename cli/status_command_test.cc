@@ -30,6 +30,7 @@ v1::WorkerStatus Worker(const std::string& id, v1::WorkerRole role,
   w.mutable_load()->set_kv_blocks_total(total);
   w.mutable_load()->set_running_sequences(3);
   w.mutable_load()->set_queued_prefill_tokens(512);
+  w.mutable_load()->set_prefill_tokens_per_second(812.5);
   w.set_epoch(7);
   w.set_last_heartbeat_age_ms(250.0);
   return w;
@@ -122,6 +123,7 @@ TEST_F(StatusCommandTest, JsonListsWorkersWithLoad) {
   EXPECT_EQ(w["kv_blocks_total"], 64);
   EXPECT_EQ(w["running_sequences"], 3);
   EXPECT_EQ(w["queued_prefill_tokens"], 512);
+  EXPECT_EQ(w["prefill_tokens_per_second"], 812.5);
   EXPECT_EQ(w["epoch"], 7);
   EXPECT_EQ(w["model_id"], "smollm2");
   const Json& suspect = j["workers"][1];

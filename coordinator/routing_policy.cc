@@ -192,6 +192,17 @@ absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
   return best->ref;
 }
 
+WorkerRole PrefillRole(const Candidates& candidates,
+                       absl::string_view model_id) {
+  const bool split = std::any_of(
+      candidates.begin(), candidates.end(), [&](const WorkerInfo& w) {
+        return w.registration.role == WorkerRole::kPrefill &&
+               w.health == WorkerHealth::kHealthy &&
+               w.registration.model_id == model_id;
+      });
+  return split ? WorkerRole::kPrefill : WorkerRole::kBoth;
+}
+
 absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(
     const Candidates& candidates, const RequestInfo& request) {
   return Eligible(candidates, request, /*decode=*/false);

@@ -82,6 +82,12 @@ std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy();
 absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
                                           const RequestInfo& request);
 
+// Which workers prefill a request for `model_id`: prefill-role ones when a
+// healthy one serves the model (split serving: the KV then goes to a
+// decode worker), else `both` workers (colocated serving).
+WorkerRole PrefillRole(const Candidates& candidates,
+                       absl::string_view model_id);
+
 // The eligible workers for a phase, in id order, or the UNAVAILABLE /
 // RESOURCE_EXHAUSTED status described above. Shared by the policies.
 absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(

@@ -45,6 +45,9 @@ struct WorkerLoad {
   int32_t queued_reservations = 0;
   // Engine steps that ran a batch since the worker started.
   int64_t engine_steps = 0;
+  // Prompt tokens prefilled per second of engine step time, recently; 0:
+  // not measured yet.
+  double prefill_tokens_per_second = 0;
 
   bool operator==(const WorkerLoad&) const = default;
 };

@@ -27,13 +27,14 @@
 #                      --worker_flag=--prefix_cache=off
 #   --coordinator_flag=F  pass F to the coordinator (repeatable)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
-# BATON_SERVER=HOST:PORT, and BATON_HTTP with --http_port, in its
+# BATON_SERVER=HOST:PORT, BATON_PIDS (the coordinator's process id, then
+# the workers'), and BATON_HTTP with --http_port, in its
 # environment), then stops the cluster and
 # exits with COMMAND's status.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
 PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
@@ -174,7 +175,7 @@ echo "$COORDINATOR"
 
 if [[ ${#COMMAND[@]} -gt 0 ]]; then
   set +e
-  BATON_SERVER="$COORDINATOR" BATON_HTTP="$HTTP" "${COMMAND[@]}"
+  BATON_SERVER="$COORDINATOR" BATON_HTTP="$HTTP" BATON_PIDS="${PIDS[*]}" "${COMMAND[@]}"
   status=$?
   set -e
   exit $status

@@ -108,7 +108,7 @@ BenchMetrics ComputeMetrics(const std::vector<RequestRecord>& records,
   BenchMetrics m;
   m.num_requests = static_cast<int>(records.size());
   m.has_goodput = !slo.empty();
-  std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<double> ttft, tpot, itl, e2el, refusal;
   double first_send = std::numeric_limits<double>::infinity();
   double last_end = -std::numeric_limits<double>::infinity();
   for (const RequestRecord& r : records) {
@@ -125,6 +125,11 @@ BenchMetrics ComputeMetrics(const std::vector<RequestRecord>& records,
     if (!r.success) {
       ++m.failed;
       ++m.errors_by_code[absl::StatusCodeToString(r.error_code)];
+      if (r.error_code == absl::StatusCode::kResourceExhausted &&
+          r.output_tokens == 0) {
+        ++m.refused;
+        refusal.push_back(1e3 * (r.end_time_s - r.send_time_s));
+      }
       continue;
     }
     ++m.completed;
@@ -150,6 +155,7 @@ BenchMetrics ComputeMetrics(const std::vector<RequestRecord>& records,
   m.tpot_ms = Summarize(std::move(tpot), percentiles);
   m.itl_ms = Summarize(std::move(itl), percentiles);
   m.e2el_ms = Summarize(std::move(e2el), percentiles);
+  m.refusal_ms = Summarize(std::move(refusal), percentiles);
   return m;
 }
 

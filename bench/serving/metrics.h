@@ -114,6 +114,11 @@ struct BenchMetrics {
   int not_sent = 0;  // never sent (time limit, interrupt)
   // Failures by canonical status code name, e.g. {"UNAVAILABLE", 3}.
   std::map<std::string, int> errors_by_code;
+  // Of the failures: refused with RESOURCE_EXHAUSTED before any token (the
+  // server shed them at admission), and how long each refusal took from
+  // the send.
+  int refused = 0;
+  Distribution refusal_ms;
   // Completed requests whose output_tokens != expected_output_len.
   int output_len_mismatches = 0;
   int64_t total_input_tokens = 0;   // of completed requests

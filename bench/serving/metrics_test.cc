@@ -108,6 +108,10 @@ TEST(BenchMetricsTest, LatenciesThroughputGoodputAndErrors) {
   EXPECT_EQ(m.not_sent, 1);
   EXPECT_EQ(m.errors_by_code.at("UNAVAILABLE"), 1);
   EXPECT_EQ(m.errors_by_code.at("RESOURCE_EXHAUSTED"), 1);
+  // Refused before any token: shed at admission, 100 ms after its send.
+  EXPECT_EQ(m.refused, 1);
+  EXPECT_EQ(m.refusal_ms.count, 1u);
+  EXPECT_NEAR(m.refusal_ms.max, 100, 1e-9);
   EXPECT_EQ(m.output_len_mismatches, 1);
   EXPECT_EQ(m.total_input_tokens, 30);
   EXPECT_EQ(m.total_output_tokens, 9);

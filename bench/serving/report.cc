@@ -1,5 +1,6 @@
 #include "bench/serving/report.h"
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 
@@ -100,6 +101,13 @@ std::string FormatSummary(const BenchMetrics& m, const RunResult& run,
       Row(&s, absl::StrCat(code, ":"), absl::StrCat(count));
     }
   }
+  if (m.refused > 0) {
+    Row(&s, "Refused at admission (shed):",
+        absl::StrFormat(
+            "%d (%.1f%% of sent)", m.refused,
+            100.0 * m.refused / std::max(1, m.num_requests - m.not_sent)));
+    Section(&s, "Time to the refusal", "Refusal", m.refusal_ms);
+  }
   Rule(&s, " Benchmark client ");
   Row(&s, "Client CPU (% of one core):", ClientCpuPercent(run));
   Row(&s, "Client CPU user / system (s):",
@@ -161,6 +169,7 @@ Json ResultJson(const BenchMetrics& m, const RunResult& run, const SloSpec& slo,
   j["aborted"] = m.aborted;
   j["not_sent"] = m.not_sent;
   j["errors_by_code"] = m.errors_by_code;
+  j["refused"] = m.refused;
   j["output_len_mismatches"] = m.output_len_mismatches;
   j["hit_time_limit"] = run.hit_time_limit;
   j["interrupted"] = run.interrupted;
@@ -181,6 +190,7 @@ Json ResultJson(const BenchMetrics& m, const RunResult& run, const SloSpec& slo,
   j["tpot_ms"] = DistributionJson(m.tpot_ms);
   j["itl_ms"] = DistributionJson(m.itl_ms);
   j["e2el_ms"] = DistributionJson(m.e2el_ms);
+  j["refusal_ms"] = DistributionJson(m.refusal_ms);
   j["bench_client"] = {{"wall_s", run.wall_s},
                        {"cpu_user_s", run.cpu_user_s},
                        {"cpu_system_s", run.cpu_system_s},

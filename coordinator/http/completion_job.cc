@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc/grpc_status.h"
 #include "common/tsan/annotations.h"
 #include "coordinator/http/openai_error.h"
 
@@ -198,6 +199,9 @@ void CompletionJob::OnDone(int index, const grpc::Status& status) {
           cancelled_    ? absl::CancelledError("the client disconnected")
           : status.ok() ? absl::InternalError("Generate ended without a result")
                         : FromGrpc(status);
+      if (auto delay = choice.stream->retry_after(); delay.has_value()) {
+        SetRetryAfter(why, *delay);
+      }
       Fail(std::move(why), to_cancel);
     }
     if (done_ == static_cast<int>(choices_.size())) Finish();
@@ -250,7 +254,15 @@ v1::Usage CompletionJob::TotalUsage() const {
 
 void CompletionJob::RespondError(const absl::Status& status) {
   HttpError error = ToHttpError(status);
-  exchange_->Respond(error.status, "application/json", std::move(error.body));
+  HttpHeaders headers;
+  if (auto delay = RetryAfterOf(status); delay.has_value()) {
+    // Whole seconds, rounded up (RFC 9110).
+    headers.emplace_back("Retry-After",
+                         absl::StrCat(absl::ToInt64Seconds(
+                             absl::Ceil(*delay, absl::Seconds(1)))));
+  }
+  exchange_->Respond(error.status, "application/json", std::move(error.body),
+                     std::move(headers));
 }
 
 void CompletionJob::Finish() {

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/grpc/grpc_status.h"
 #include "common/tsan/annotations.h"
 
 namespace baton::http {
@@ -45,6 +46,7 @@ void GenerateStream::OnReadDone(bool ok) {
 
 void GenerateStream::OnDone(const grpc::Status& status) {
   BATON_TSAN_ACQUIRE(this);
+  if (!status.ok()) retry_after_ = RetryAfterFrom(context_);
   callbacks_.on_done(status);
   callbacks_ = GenerateCallbacks();
   // Last use of `this`: the stream may be destroyed here.

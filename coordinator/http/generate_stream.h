@@ -8,8 +8,10 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
 
 namespace baton::http {
@@ -33,6 +35,10 @@ class GenerateStream : public grpc::ClientReadReactor<v1::GenerateResponse>,
   // still comes, with CANCELLED unless the call had already ended.
   void Cancel();
 
+  // The retry delay the refusal that ended the call asked for
+  // (RetryAfterFrom); valid in and after on_done.
+  std::optional<absl::Duration> retry_after() const { return retry_after_; }
+
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
@@ -43,7 +49,8 @@ class GenerateStream : public grpc::ClientReadReactor<v1::GenerateResponse>,
   v1::GenerateRequest request_;
   v1::GenerateResponse response_;
   GenerateCallbacks callbacks_;
-  std::shared_ptr<GenerateStream> self_;  // until OnDone
+  std::shared_ptr<GenerateStream> self_;       // until OnDone
+  std::optional<absl::Duration> retry_after_;  // set in OnDone
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool cancel_ ABSL_GUARDED_BY(mu_) = false;

@@ -45,6 +45,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
         "Cluster: sweep_interval, transfer_timeout and worker_rpc_timeout "
         "must be > 0 and queue_timeout >= 0");
   }
+  if (absl::Status s = ValidateAdmissionOptions(options.admission); !s.ok()) {
+    return s;
+  }
   if (options.max_migrations < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_migrations: ", options.max_migrations, " must be >= 0"));
@@ -312,6 +315,37 @@ void Cluster::MarkTransferring(const std::string& request_id) {
 void Cluster::ClearTransferring(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
   transferring_since_.erase(request_id);
+}
+
+AdmissionVerdict Cluster::Admit(const RequestInfo& request) {
+  absl::MutexLock claim(&claim_mu_);
+  AdmissionVerdict verdict;
+  if (options_.admission.ttft_slo > absl::ZeroDuration()) {
+    const Candidates all = RoutingCandidates();
+    RequestInfo info = request;
+    FillCachedTokens(all, &info);
+    verdict = coordinator::Admit(options_.admission, all, info, waiting_);
+  } else {  // the queue bound needs no view of the workers
+    verdict = coordinator::Admit(options_.admission, {}, request, waiting_);
+  }
+  if (verdict.status.ok()) {
+    ++waiting_;
+  } else {
+    metrics_->OnRequestShed(verdict.reason, verdict.status);
+  }
+  metrics_->SetWaiting(waiting_);
+  return verdict;
+}
+
+void Cluster::EndWaiting() {
+  absl::MutexLock claim(&claim_mu_);
+  if (waiting_ > 0) --waiting_;
+  metrics_->SetWaiting(waiting_);
+}
+
+int64_t Cluster::waiting_requests() const {
+  absl::MutexLock claim(&claim_mu_);
+  return waiting_;
 }
 
 int Cluster::active_calls() const {

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics/metrics.h"
+#include "coordinator/admission.h"
 #include "coordinator/clock.h"
 #include "coordinator/prefix_index.h"
 #include "coordinator/request_state_machine.h"
@@ -77,6 +78,8 @@ struct ClusterOptions {
   // its KV, failed): the new worker continues from the tokens the client
   // has, so the output is the one a fault-free run gives. 0: never.
   int max_migrations = 2;
+  // Which requests are refused on arrival (admission.h).
+  AdmissionOptions admission;
 };
 
 // A running request as the sweeper sees it.
@@ -154,6 +157,16 @@ class Cluster {
   // in its next heartbeat).
   void PerformCleanup(const Transition& transition);
 
+  // Admission (admission.h) of a request about to start: on OK it counts
+  // as waiting until EndWaiting. The check and the count are atomic with
+  // respect to other admissions and routing picks.
+  AdmissionVerdict Admit(const RequestInfo& request);
+  // An admitted request reached its first token or ended; once per
+  // admitted request.
+  void EndWaiting();
+  // Admitted requests that have not reached their first token.
+  int64_t waiting_requests() const;
+
   // Registers a running call (request ids are unique while registered).
   void AddCall(const std::string& request_id, std::shared_ptr<CallHandle> call);
   // Unregisters it; the call has finished with its client.
@@ -189,7 +202,7 @@ class Cluster {
   std::unique_ptr<metrics::ScrapeHook> scrape_hook_;  // reads registry_
 
   // Held across a pick and its bookkeeping; taken before mu_.
-  absl::Mutex claim_mu_;
+  mutable absl::Mutex claim_mu_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<v1::Worker::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
@@ -199,6 +212,7 @@ class Cluster {
   std::map<WorkerId, int64_t> prefill_tokens_ ABSL_GUARDED_BY(mu_);
   std::map<WorkerId, int64_t> decode_blocks_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t waiting_ ABSL_GUARDED_BY(claim_mu_) = 0;
 
   absl::Notification stop_;
   std::thread sweeper_;

@@ -5,7 +5,8 @@
 //                     [--heartbeat_ms=N] [--lease_ttl_ms=N]
 //                     [--engine_stall_timeout_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
-//                     [--max_migrations=N]
+//                     [--max_migrations=N] [--ttft_slo_ms=N]
+//                     [--max_waiting_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
 //                     [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]
@@ -77,6 +78,15 @@ ABSL_FLAG(int64_t, transfer_timeout_ms, 30000,
 ABSL_FLAG(int32_t, max_migrations, 2,
           "times a request whose decode worker fails after tokens were "
           "streamed continues on another decode worker (0: never)");
+ABSL_FLAG(int64_t, ttft_slo_ms, 0,
+          "refuse a request at once (RESOURCE_EXHAUSTED, HTTP 429 with "
+          "Retry-After) when its estimated time to first token, from the "
+          "prompt tokens queued on the prefill workers and their measured "
+          "prefill rate, is above this (0: no estimate-based refusal)");
+ABSL_FLAG(int64_t, max_waiting_requests, 1024,
+          "requests admitted and not yet at their first token, at most; one "
+          "more is refused at once (RESOURCE_EXHAUSTED, HTTP 429; 0: no "
+          "bound)");
 ABSL_FLAG(std::string, http_listen, "",
           "host:port of the OpenAI-compatible HTTP API (port 0: any free "
           "port); empty: no HTTP API");
@@ -209,6 +219,10 @@ int Main() {
   options.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  options.admission.ttft_slo =
+      absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
+  options.admission.max_waiting_requests =
+      absl::GetFlag(FLAGS_max_waiting_requests);
   RequestLimits& limits = options.limits;
   limits.max_request_id_bytes = absl::GetFlag(FLAGS_max_request_id_bytes);
   limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
@@ -414,7 +428,7 @@ int main(int argc, char** argv) {
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
-      "[--max_migrations=N] "
+      "[--max_migrations=N] [--ttft_slo_ms=N] [--max_waiting_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "

@@ -101,13 +101,31 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             "the tokens already streamed")
                       .Register(registry)
                       .Add(RoleLabel())),
+      shed_(BuildCounter()
+                .Name("baton_requests_shed_total")
+                .Help("Requests refused on arrival with RESOURCE_EXHAUSTED "
+                      "(HTTP 429), by the limit that refused them: "
+                      "queue_full or ttft_slo")
+                .Register(registry)),
+      waiting_(BuildGauge()
+                   .Name("baton_requests_waiting")
+                   .Help("Admitted requests that have not reached their "
+                         "first token")
+                   .Register(registry)
+                   .Add(RoleLabel())),
       healthy_(BuildGauge()
                    .Name("baton_workers_healthy")
                    .Help("Registered workers in the HEALTHY state, by role")
                    .Register(registry)),
       healthy_prefill_(HealthyGauge(healthy_, WorkerRole::kPrefill)),
       healthy_decode_(HealthyGauge(healthy_, WorkerRole::kDecode)),
-      healthy_both_(HealthyGauge(healthy_, WorkerRole::kBoth)) {}
+      healthy_both_(HealthyGauge(healthy_, WorkerRole::kBoth)) {
+  // Exported at 0 from the start, so a dashboard's series exist before
+  // the first refusal.
+  for (absl::string_view reason : {"queue_full", "ttft_slo"}) {
+    shed_.Add({{"role", "coordinator"}, {"reason", std::string(reason)}});
+  }
+}
 
 prometheus::Counter& CoordinatorMetrics::RequestCounter(
     absl::string_view status) {
@@ -116,6 +134,13 @@ prometheus::Counter& CoordinatorMetrics::RequestCounter(
 }
 
 void CoordinatorMetrics::OnRequestStarted() { active_.Increment(); }
+
+void CoordinatorMetrics::OnRequestShed(absl::string_view reason,
+                                       const absl::Status& status) {
+  shed_.Add({{"role", "coordinator"}, {"reason", std::string(reason)}})
+      .Increment();
+  OnRequestRejected(status);
+}
 
 void CoordinatorMetrics::OnRequestRejected(const absl::Status& status) {
   RequestCounter(RequestStatusLabel(status, v1::FINISH_REASON_UNSPECIFIED))

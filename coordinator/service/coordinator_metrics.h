@@ -18,6 +18,10 @@
 //   baton_workers_healthy{worker_role}      gauge, per worker role
 //   baton_migrations_total                  counter, requests moved to
 //                                           another decode worker mid-stream
+//   baton_requests_shed_total{reason}       counter, refused on arrival
+//                                           (queue_full, ttft_slo)
+//   baton_requests_waiting                  gauge, admitted and before
+//                                           their first token
 #ifndef BATON_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
 #define BATON_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
 
@@ -69,6 +73,13 @@ class CoordinatorMetrics {
   // A request refused before it ran (bad arguments, shutting down): counted
   // in baton_requests_total only.
   void OnRequestRejected(const absl::Status& status);
+  // A request refused at admission by the limit `reason` (queue_full,
+  // ttft_slo) with `status`; also counted in baton_requests_total.
+  void OnRequestShed(absl::string_view reason, const absl::Status& status);
+  // Admitted requests before their first token.
+  void SetWaiting(int64_t waiting) {
+    waiting_.Set(static_cast<double>(waiting));
+  }
   // The first token reached the client `ttft_s` after arrival; the prompt
   // (`prompt_tokens`) has been prefilled.
   void OnFirstToken(double ttft_s, int64_t prompt_tokens);
@@ -104,6 +115,8 @@ class CoordinatorMetrics {
   prometheus::Histogram& inter_token_;
   prometheus::Histogram& e2e_;
   prometheus::Counter& migrations_;
+  prometheus::Family<prometheus::Counter>& shed_;
+  prometheus::Gauge& waiting_;
   prometheus::Family<prometheus::Gauge>& healthy_;
   prometheus::Gauge& healthy_prefill_;
   prometheus::Gauge& healthy_decode_;

@@ -70,6 +70,7 @@ WorkerLoad LoadFromProto(const v1::WorkerLoad& proto) {
   load.kv_blocks_reserved = proto.kv_blocks_reserved();
   load.queued_reservations = proto.queued_reservations();
   load.engine_steps = proto.engine_steps();
+  load.prefill_tokens_per_second = proto.prefill_tokens_per_second();
   return load;
 }
 
@@ -82,6 +83,7 @@ v1::WorkerLoad LoadToProto(const WorkerLoad& load) {
   proto.set_kv_blocks_reserved(load.kv_blocks_reserved);
   proto.set_queued_reservations(load.queued_reservations);
   proto.set_engine_steps(load.engine_steps);
+  proto.set_prefill_tokens_per_second(load.prefill_tokens_per_second);
   return proto;
 }
 
@@ -256,6 +258,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
   if (!job.ok()) {
     cluster_->metrics().OnRequestRejected(job.status());
     reactor->Close(ToGrpcStatus(job.status()));
+    return reactor;
+  }
+  const AdmissionVerdict admitted =
+      cluster_->Admit(RoutingInfo(*job, cluster_->model().id()));
+  if (!admitted.status.ok()) {
+    context->AddTrailingMetadata(
+        kRetryAfterMsKey,
+        absl::StrCat(absl::ToInt64Milliseconds(admitted.retry_after)));
+    reactor->Close(ToGrpcStatus(admitted.status));
     return reactor;
   }
   GenerateCall::Start(cluster_, std::move(*job), reactor);

@@ -134,7 +134,7 @@ GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
       inter_token_(cluster->metrics().NewInterTokenAccumulator()),
       attempt_id_(job_.internal_id) {}
 
-GenerateCall::~GenerateCall() = default;
+GenerateCall::~GenerateCall() { LeaveWaiting(); }
 
 void GenerateCall::Abort(absl::string_view request_id,
                          const absl::Status& status) {

@@ -71,11 +71,16 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
                                             const v1::GenerateRequest& request,
                                             absl::Time deadline);
 
+// What routing and admission see of `job` (its prompt must outlive the
+// result).
+RequestInfo RoutingInfo(const GenerateJob& job, const std::string& model_id);
+
 class GenerateCall final : public CallHandle,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
   // Runs `job` on a new thread, streaming into `reactor` (which the call
-  // closes exactly once). The cluster must outlive the call (its destructor
+  // closes exactly once). The job was admitted (Cluster::Admit); the call
+  // ends its waiting. The cluster must outlive the call (its destructor
   // waits for running calls).
   static void Start(Cluster* cluster, GenerateJob job,
                     GenerateReactor* reactor);
@@ -119,6 +124,9 @@ class GenerateCall final : public CallHandle,
   void Fail(absl::Status why);
   void SendFirstToken(const v1::PrefillFirstToken& first);
   void SendResult(const v1::DecodeResult& result);
+  // The request is no longer waiting for its first token (Cluster::Admit
+  // counted it); once.
+  void LeaveWaiting();
   // Records the request's end in the cluster's metrics (once; before the
   // client's stream is closed, so a client that saw the end sees it
   // counted).
@@ -175,6 +183,7 @@ class GenerateCall final : public CallHandle,
   v1::PrefillHandoff handoff_;
   bool prefill_started_ = false;  // queue_ms_ is set
   bool end_recorded_ = false;
+  bool waiting_ = true;  // admitted, before the first token
   metrics::HistogramAccumulator inter_token_;  // gaps between tokens
 
   mutable absl::Mutex mu_;

@@ -37,6 +37,7 @@ void GenerateCall::SendFirstToken(const v1::PrefillFirstToken& first) {
   first_token_time_ = last_token_time_ = SteadyClock::now();
   ttft_ms_ = MsBetween(arrival_, first_token_time_);
   streamed_ = true;
+  LeaveWaiting();
   CoordinatorMetrics& metrics = cluster_->metrics();
   metrics.OnFirstToken(ttft_ms_ / 1e3,
                        static_cast<int64_t>(job_.prompt.size()));
@@ -100,10 +101,17 @@ void GenerateCall::SendResult(const v1::DecodeResult& decoded) {
   reactor_ = nullptr;
 }
 
+void GenerateCall::LeaveWaiting() {
+  if (!waiting_) return;
+  waiting_ = false;
+  cluster_->EndWaiting();
+}
+
 void GenerateCall::RecordEnd(const absl::Status& status,
                              v1::FinishReason reason) {
   if (end_recorded_) return;
   end_recorded_ = true;
+  LeaveWaiting();
   FinishedRequest finished;
   finished.status = RequestStatusLabel(status, reason);
   finished.e2e_s = MsBetween(arrival_, SteadyClock::now()) / 1e3;

@@ -10,13 +10,18 @@
 
 namespace baton::coordinator {
 
-absl::Status GenerateCall::Route() {
-  const std::string& model_id = cluster_->model().id();
+RequestInfo RoutingInfo(const GenerateJob& job, const std::string& model_id) {
   RequestInfo info;
   info.model_id = model_id;
-  info.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
-  info.max_tokens = job_.sampling.max_tokens();
-  info.prompt_ids = &job_.prompt;
+  info.prompt_tokens = static_cast<int64_t>(job.prompt.size());
+  info.max_tokens = job.sampling.max_tokens();
+  info.prompt_ids = &job.prompt;
+  return info;
+}
+
+absl::Status GenerateCall::Route() {
+  const std::string& model_id = cluster_->model().id();
+  RequestInfo info = RoutingInfo(job_, model_id);
   // A migrating request avoids the decode workers that failed it.
   const std::vector<WorkerId> failed_decode = StillExcluded(excluded_decode_);
   info.excluded = failed_decode;
@@ -30,13 +35,9 @@ absl::Status GenerateCall::Route() {
     const Candidates all = cluster_->RoutingCandidates();
     // Split serving when a prefill-only worker is up; otherwise colocated
     // on a `both` worker.
-    const bool split =
-        std::any_of(all.begin(), all.end(), [&](const WorkerInfo& w) {
-          return w.registration.role == WorkerRole::kPrefill &&
-                 w.health == WorkerHealth::kHealthy &&
-                 w.registration.model_id == model_id;
-        });
-    if (!split) return ClaimPrefill(WorkerRole::kBoth, info);
+    if (PrefillRole(all, model_id) == WorkerRole::kBoth) {
+      return ClaimPrefill(WorkerRole::kBoth, info);
+    }
 
     int64_t blocks = 0;
     absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, &blocks);

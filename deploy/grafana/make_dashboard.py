@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes deploy/grafana/baton.json, the Grafana dashboard for Baton's
 Prometheus metrics (docs/metrics.md): latency percentiles (TTFT, TPOT, ITL,
-end to end, queue), request rates by outcome, load and KV blocks per worker,
+end to end, queue), request rates by outcome, shed and migrated requests, load and KV blocks per worker,
 KV transfer bytes and times per worker.
 
   python3 deploy/grafana/make_dashboard.py [--check]
@@ -39,7 +39,10 @@ ROWS = [
         ("Queue time (arrival to prefill)", "s", quantiles("baton_request_queue_time_seconds")),
         ("Requests ended, by outcome", "reqps",
          [("sum by (status) (rate(baton_requests_total[$__rate_interval]))", "{{status}}")]),
-        ("Requests running", "short", [("sum(baton_requests_active)", "running")]),
+        ("Requests running", "short", [("sum(baton_requests_active)", "running"),
+                                        ("sum(baton_requests_waiting)", "before the first token")]),
+        ("Requests shed at admission (429)", "reqps",
+         [("sum by (reason) (rate(baton_requests_shed_total[$__rate_interval]))", "{{reason}}")]),
         ("Requests migrated to another decode worker", "reqps",
          [("sum(rate(baton_migrations_total[$__rate_interval]))", "migrated")]),
         ("Tokens", "short",

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/grpc/grpc_status.h"
 #include "common/test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/model_bundle.h"
@@ -41,6 +42,7 @@ StreamResult RunGenerate(v1::Baton::Stub& stub,
     }
   }
   out.status = reader->Finish();
+  if (!out.status.ok()) out.retry_after = RetryAfterFrom(context);
   return out;
 }
 

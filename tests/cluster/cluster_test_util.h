@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct StreamResult {
   int messages = 0;
   bool has_result = false;
   v1::GenerateResult result;
+  // The retry delay a refusal's trailing metadata carried (RetryAfterFrom).
+  std::optional<absl::Duration> retry_after;
 };
 
 // How a stream ended, for assertion messages: the RPC status, the finish

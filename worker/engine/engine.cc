@@ -1,5 +1,7 @@
 #include "worker/engine/engine.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -155,6 +157,7 @@ EngineStats Engine::stats() {
   s.num_waiting = published_waiting_.load(std::memory_order_relaxed);
   s.num_running = published_running_.load(std::memory_order_relaxed);
   s.steps = published_steps_.load(std::memory_order_relaxed);
+  s.prefill_tokens_per_second = prefill_rate_.tokens_per_second();
   s.num_handoffs = published_handoffs_.load(std::memory_order_relaxed);
   absl::MutexLock lock(&cache_mu_);
   s.num_imports = static_cast<int64_t>(imports_.size());
@@ -319,38 +322,6 @@ bool Engine::PostProcess(Sequence* seq, std::span<const float> logits) {
   return true;
 }
 
-FinishReason Engine::AdvanceText(Sequence* seq, int32_t token,
-                                 RequestOutput* out) {
-  const SamplingParams& params = seq->request.params;
-  FinishReason reason = FinishReason::kNone;
-  if (IsStopToken(params, token, eos_ids_)) {
-    reason = FinishReason::kStop;
-  } else {
-    StopChecker::Result r =
-        seq->stop_checker->Push(seq->detokenizer->Push(token));
-    out->text += r.emit;
-    if (r.stopped) reason = FinishReason::kStop;
-  }
-  if (reason == FinishReason::kNone &&
-      seq->num_generated() >= params.max_tokens) {
-    reason = FinishReason::kLength;
-  }
-  return reason;
-}
-
-void Engine::FlushText(Sequence* seq, FinishReason* reason,
-                       RequestOutput* out) {
-  if (seq->stop_checker->stopped()) return;
-  // Flush a held-back partial character and held-back stop-string prefix.
-  StopChecker::Result r = seq->stop_checker->Push(seq->detokenizer->Finish());
-  out->text += r.emit;
-  if (r.stopped) {
-    *reason = FinishReason::kStop;
-  } else {
-    out->text += seq->stop_checker->Finish();
-  }
-}
-
 bool Engine::Step() {
   const bool worked = StepOnce();
   if (worked) published_steps_.fetch_add(1, std::memory_order_relaxed);
@@ -420,7 +391,18 @@ bool Engine::StepOnce() {
     };
   }
   absl::Status status = HitStepFaultPoints(scheduled);
+  const Clock::time_point forward_start = Clock::now();
   if (status.ok()) status = runner_->Forward(items, &logits_, on_layer);
+  if (status.ok()) {
+    int64_t prompt_tokens = 0;
+    for (const ScheduledItem& s : scheduled) {
+      prompt_tokens += std::clamp<int64_t>(
+          s.seq->num_prompt - s.seq->num_cached, 0, s.num_tokens);
+    }
+    prefill_rate_.Record(
+        prompt_tokens,
+        std::chrono::duration<double>(Clock::now() - forward_start).count());
+  }
   if (status.ok() && !staging.ok()) {
     status = absl::Status(staging.code(),
                           absl::StrCat("copying the KV to the host for its "

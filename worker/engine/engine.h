@@ -35,6 +35,7 @@
 #include "worker/engine/kv_sink.h"
 #include "worker/engine/model_runner.h"
 #include "worker/engine/model_weights.h"
+#include "worker/engine/prefill_rate.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
@@ -141,6 +142,9 @@ struct EngineStats {
   // Steps that ran a batch since the engine started: a worker whose count
   // stands still while it holds work has a wedged engine.
   int64_t steps = 0;
+  // Prompt tokens prefilled per second of step time, recently (0 until a
+  // step fed prompt tokens); see prefill_rate.h.
+  double prefill_tokens_per_second = 0;
 };
 
 class Engine {
@@ -375,6 +379,7 @@ class Engine {
   std::atomic<int64_t> published_handoffs_{0};
   std::atomic<int64_t> published_prefix_queries_{0};
   std::atomic<int64_t> published_prefix_hits_{0};
+  PrefillRate prefill_rate_;  // recorded by the engine thread
   // The prefix cache's lookups for KV imports (ReserveImport, any thread).
   std::atomic<int64_t> import_prefix_queries_{0};
   std::atomic<int64_t> import_prefix_hits_{0};

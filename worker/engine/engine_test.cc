@@ -89,6 +89,28 @@ TEST_F(EngineTest, GreedyAnswerAndFinishReasons) {
   ExpectAllBlocksFree(*engine);
 }
 
+TEST(PrefillRateTest, RecentStepsWeighMore) {
+  PrefillRate rate;
+  EXPECT_EQ(rate.tokens_per_second(), 0);
+  rate.Record(0, 1.0);  // a decode-only step
+  rate.Record(10, 0);   // no time measured
+  EXPECT_EQ(rate.tokens_per_second(), 0);
+  rate.Record(100, 0.1);
+  EXPECT_DOUBLE_EQ(rate.tokens_per_second(), 1000);
+  rate.Record(100, 1.0);  // (0.75 * 100 + 100) / (0.75 * 0.1 + 1)
+  EXPECT_DOUBLE_EQ(rate.tokens_per_second(), 175 / 1.075);
+}
+
+TEST_F(EngineTest, ReportsItsPrefillRate) {
+  auto engine = MakeEngine();
+  EXPECT_EQ(engine->stats().prefill_tokens_per_second, 0);
+  std::map<std::string, Result> results;
+  ASSERT_TRUE(
+      Submit(*engine, "a", Chat("Count to ten."), Greedy(4), &results).ok());
+  engine->RunUntilIdle();
+  EXPECT_GT(engine->stats().prefill_tokens_per_second, 0);
+}
+
 TEST_F(EngineTest, StopStringIsNeverEmitted) {
   auto engine = MakeEngine();
   std::map<std::string, Result> plain, stopped;

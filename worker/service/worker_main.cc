@@ -79,6 +79,9 @@ ABSL_FLAG(int64_t, max_queued_reservations, 256,
           "ReserveKv calls that may wait here for KV room at once, served in "
           "arrival order (ReserveKvRequest.queue_ms); more are refused with "
           "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_waiting_requests, 1024,
+          "Prefill calls are refused (RESOURCE_EXHAUSTED) while this many "
+          "requests wait for the engine (0: no bound)");
 ABSL_FLAG(int64_t, kv_stall_timeout_ms, 10000,
           "a TCP KV connection that makes no progress for this long fails "
           "its transfer, on the sending and on the receiving side");
@@ -314,6 +317,11 @@ int Main() {
   }
   options.max_queued_reservations =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_reservations));
+  options.max_waiting_requests = absl::GetFlag(FLAGS_max_waiting_requests);
+  if (options.max_waiting_requests < 0) {
+    Log("--max_waiting_requests must be >= 0 (0: no bound)");
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_kv_stall_timeout_ms) < 1) {
     Log("--kv_stall_timeout_ms must be >= 1");
     return 2;

@@ -116,6 +116,7 @@ v1::WorkerLoad WorkerService::Load() {
   load.set_kv_blocks_cached(stats.kv_blocks_cached);
   load.set_kv_blocks_used(stats.kv_blocks_used);
   load.set_engine_steps(stats.steps);
+  load.set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
   load.set_active_transfers(
       static_cast<int32_t>(stats.num_handoffs + stats.num_imports));
   load.set_queued_reservations(
@@ -163,6 +164,13 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
       return absl::InvalidArgumentError(
           absl::StrCat("model_id: '", request->model_id(),
                        "' is not served here ('", options_.model_id, "')"));
+    }
+    if (const int64_t waiting = engine_->stats().num_waiting;
+        options_.max_waiting_requests > 0 &&
+        waiting >= options_.max_waiting_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker overloaded: ", waiting, " requests wait for ",
+                       "its engine (--max_waiting_requests)"));
     }
     auto params = FromProto(request->sampling());
     if (!params.ok()) return params.status();

@@ -61,6 +61,10 @@ struct WorkerServiceOptions {
   // ReserveKv calls that may wait here for room at once (queue_ms > 0);
   // more are refused with RESOURCE_EXHAUSTED.
   size_t max_queued_reservations = 256;
+  // Prefill calls refused (RESOURCE_EXHAUSTED) while this many requests
+  // wait for the engine; 0: no bound. The coordinator's admission bounds
+  // its own queue; this bounds the worker's across coordinator replicas.
+  int64_t max_waiting_requests = 1024;
   // A TCP KV connection (sending or receiving) that makes no progress for
   // this long fails its transfer.
   absl::Duration kv_stall_timeout = absl::Seconds(10);
