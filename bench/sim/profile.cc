@@ -1,0 +1,154 @@
+#include "bench/sim/profile.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::sim {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Number(const Json& json, const std::string& path, double min,
+                    bool strict, double* out) {
+  const size_t dot = path.find('.');
+  const Json* node = &json;
+  for (const std::string& key :
+       dot == std::string::npos
+           ? std::vector<std::string>{path}
+           : std::vector<std::string>{path.substr(0, dot),
+                                      path.substr(dot + 1)}) {
+    if (!node->is_object() || !node->contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: '", path, "' is missing"));
+    }
+    node = &(*node)[key];
+  }
+  if (!node->is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: '", path, "' must be a number"));
+  }
+  const double v = node->get<double>();
+  if (!std::isfinite(v) || v < min || (strict && v == min)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: '", path, "' must be ",
+                     strict ? "> " : ">= ", min, ", got ", v));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status Integer(const Json& json, const std::string& key, int64_t* out) {
+  double v = 0;
+  if (absl::Status s = Number(json, key, 0, /*strict=*/true, &v); !s.ok()) {
+    return s;
+  }
+  if (v != std::floor(v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: '", key, "' must be an integer, got ", v));
+  }
+  *out = static_cast<int64_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status Model(const Json& json, const std::string& key, CostModel* m) {
+  for (auto [name, field] : {std::pair{"c0", &m->c0}, std::pair{"c1", &m->c1},
+                             std::pair{"c2", &m->c2}}) {
+    if (absl::Status s = Number(json, absl::StrCat(key, ".", name), 0,
+                                /*strict=*/false, field);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError("profile: not a JSON object");
+  }
+  WorkerProfile p;
+  p.name = json.value("name", "");
+  p.source = json.value("source", "");
+  if (absl::Status s = Model(json, "prefill", &p.prefill); !s.ok()) return s;
+  if (absl::Status s = Model(json, "decode", &p.decode); !s.ok()) return s;
+  if (absl::Status s =
+          Number(json, "transfer.alpha_s", 0, false, &p.transfer_alpha_s);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Number(json, "transfer.bytes_per_s", 0, true,
+                              &p.transfer_bytes_per_s);
+      !s.ok()) {
+    return s;
+  }
+  for (auto [key, field] :
+       {std::pair{"kv_bytes_per_token", &p.kv_bytes_per_token},
+        std::pair{"kv_blocks", &p.kv_blocks},
+        std::pair{"block_size", &p.block_size},
+        std::pair{"max_batch_tokens", &p.max_batch_tokens},
+        std::pair{"max_num_seqs", &p.max_num_seqs}}) {
+    if (absl::Status s = Integer(json, key, field); !s.ok()) return s;
+  }
+  return p;
+}
+
+absl::StatusOr<WorkerProfile> LoadProfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  Json json = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  }
+  absl::StatusOr<WorkerProfile> p = ParseProfile(json);
+  if (!p.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", p.status().message()));
+  }
+  return p;
+}
+
+Json ProfileJson(const WorkerProfile& p) {
+  auto model = [](const CostModel& m) {
+    return Json{{"c0", m.c0}, {"c1", m.c1}, {"c2", m.c2}};
+  };
+  return {{"name", p.name},
+          {"source", p.source},
+          {"prefill", model(p.prefill)},
+          {"decode", model(p.decode)},
+          {"transfer",
+           {{"alpha_s", p.transfer_alpha_s},
+            {"bytes_per_s", p.transfer_bytes_per_s}}},
+          {"kv_bytes_per_token", p.kv_bytes_per_token},
+          {"kv_blocks", p.kv_blocks},
+          {"block_size", p.block_size},
+          {"max_batch_tokens", p.max_batch_tokens},
+          {"max_num_seqs", p.max_num_seqs}};
+}
+
+double PrefillSeconds(const WorkerProfile& p,
+                      std::span<const int64_t> lengths) {
+  double sum = 0, squares = 0;
+  for (int64_t l : lengths) {
+    sum += static_cast<double>(l);
+    squares += static_cast<double>(l) * static_cast<double>(l);
+  }
+  return p.prefill.c0 + p.prefill.c1 * sum + p.prefill.c2 * squares;
+}
+
+double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
+                     int64_t batch) {
+  return p.decode.c0 + p.decode.c1 * static_cast<double>(sum_context) +
+         p.decode.c2 * static_cast<double>(batch);
+}
+
+double TransferSeconds(const WorkerProfile& p, int64_t tokens) {
+  return p.transfer_alpha_s + static_cast<double>(tokens) *
+                                  static_cast<double>(p.kv_bytes_per_token) /
+                                  p.transfer_bytes_per_s;
+}
+
+}  // namespace baton::sim

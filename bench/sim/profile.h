@@ -1,0 +1,70 @@
+// A worker's cost model, as baton-sim reads it from a small JSON file: how
+// long a prefill, a decode step and a KV transfer take on some hardware.
+//
+//   {
+//     "name": "SmolLM2-135M Q4_1, 1 thread, AMD EPYC (avx512vnni)",
+//     "source": "measured with ... on 2026-12-04",
+//     "prefill": {"c0": 0.002, "c1": 0.0011, "c2": 1e-7},
+//     "decode": {"c0": 0.004, "c1": 2e-6, "c2": 0.0005},
+//     "transfer": {"alpha_s": 0.0005, "bytes_per_s": 1.5e9},
+//     "kv_bytes_per_token": 23040,
+//     "kv_blocks": 4096, "block_size": 16,
+//     "max_batch_tokens": 512, "max_num_seqs": 64
+//   }
+//
+// Prefill of a batch of prompts with lengths l_i takes
+// c0 + c1·Σl + c2·Σl² seconds (the square is attention's); a decode step of
+// B sequences with contexts ctx_i takes c0 + c1·Σctx + c2·B; a KV transfer
+// of b bytes alpha_s + b / bytes_per_s. Every coefficient is >= 0, so each
+// time grows with its arguments.
+#ifndef BATON_BENCH_SIM_PROFILE_H_
+#define BATON_BENCH_SIM_PROFILE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace baton::sim {
+
+struct CostModel {
+  double c0 = 0;
+  double c1 = 0;
+  double c2 = 0;
+};
+
+struct WorkerProfile {
+  std::string name;
+  // Where the figures come from (a measurement and its command, or the
+  // published figures they were derived from).
+  std::string source;
+  CostModel prefill;
+  CostModel decode;
+  double transfer_alpha_s = 0;
+  double transfer_bytes_per_s = 1e9;
+  int64_t kv_bytes_per_token = 0;
+  // KV pool of one worker, in blocks of block_size tokens.
+  int64_t kv_blocks = 4096;
+  int64_t block_size = 16;
+  // Prompt tokens one prefill step takes (at least one whole prompt).
+  int64_t max_batch_tokens = 512;
+  // Sequences in one decode batch.
+  int64_t max_num_seqs = 64;
+};
+
+// INVALID_ARGUMENT naming the field for a missing or out-of-range value
+// (negative coefficients, a non-positive bandwidth, block size or limit).
+absl::StatusOr<WorkerProfile> ParseProfile(const nlohmann::json& json);
+absl::StatusOr<WorkerProfile> LoadProfile(const std::string& path);
+nlohmann::json ProfileJson(const WorkerProfile& profile);
+
+double PrefillSeconds(const WorkerProfile& p, std::span<const int64_t> lengths);
+double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
+                     int64_t batch);
+double TransferSeconds(const WorkerProfile& p, int64_t tokens);
+
+}  // namespace baton::sim
+
+#endif  // BATON_BENCH_SIM_PROFILE_H_

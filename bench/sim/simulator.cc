@@ -1,0 +1,477 @@
+#include "bench/sim/simulator.h"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <queue>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "coordinator/routing_policy.h"
+#include "worker/engine/prefill_rate.h"
+
+namespace baton::sim {
+namespace {
+
+using coordinator::Candidates;
+using coordinator::RequestInfo;
+using coordinator::WorkerInfo;
+using coordinator::WorkerRole;
+
+constexpr char kModel[] = "sim";
+
+struct Worker {
+  WorkerRole role = WorkerRole::kBoth;
+  std::deque<int> prompts;  // waiting for prefill, first come first served
+  std::deque<int> line;     // waiting for a KV reservation here (decode)
+  std::deque<int> joining;  // KV landed, waiting for a batch slot
+  std::vector<int> running;
+  std::vector<int> in_step;  // prompts prefilled by the current step
+  int64_t free_blocks = 0;
+  int64_t queued_prefill_tokens = 0;
+  bool busy = false;
+  double step_start = 0;
+  PrefillRate rate;
+  Candidates* pool = nullptr;  // where its WorkerInfo lives
+  size_t pool_index = 0;
+};
+
+struct Request {
+  SimRequest in;
+  int prefill = -1;
+  int decode = -1;  // the worker holding its KV blocks (colocated: prefill)
+  int64_t blocks = 0;
+  int64_t generated = 0;
+  double prefill_start = 0;
+  double last_token = 0;
+};
+
+enum class EventType { kArrival, kStepDone, kKvLanded };
+
+struct Event {
+  double t;
+  int64_t seq;
+  EventType type;
+  int index;  // request (arrival, KV landed) or worker (step done)
+  bool operator>(const Event& o) const {
+    return t != o.t ? t > o.t : seq > o.seq;
+  }
+};
+
+class Simulation {
+ public:
+  Simulation(const SimOptions& options, const std::vector<SimRequest>& in,
+             std::unique_ptr<coordinator::RoutingPolicy> policy)
+      : options_(options), p_(options.profile), policy_(std::move(policy)) {
+    requests_.resize(in.size());
+    result_.records.resize(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      requests_[i].in = in[i];
+      bench::RequestRecord& rec = result_.records[i];
+      rec.index = static_cast<int>(i);
+      rec.request_id = absl::StrCat("sim-", i);
+      rec.sent = true;
+      rec.send_time_s = in[i].arrival_s;
+      rec.input_len = rec.prompt_tokens = static_cast<int>(in[i].input_len);
+      rec.expected_output_len = static_cast<int>(in[i].output_len);
+      Push(in[i].arrival_s, EventType::kArrival, static_cast<int>(i));
+    }
+    AddWorkers(WorkerRole::kPrefill, options.prefill, "p", &prefill_pool_);
+    AddWorkers(WorkerRole::kDecode, options.decode, "d", &decode_pool_);
+    AddWorkers(WorkerRole::kBoth, options.both, "c", &both_pool_);
+    all_ = prefill_pool_;
+    all_.insert(all_.end(), decode_pool_.begin(), decode_pool_.end());
+    all_.insert(all_.end(), both_pool_.begin(), both_pool_.end());
+  }
+
+  SimResult Run() {
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      now_ = e.t;
+      ++result_.events;
+      switch (e.type) {
+        case EventType::kArrival:
+          Arrive(e.index);
+          break;
+        case EventType::kStepDone:
+          StepDone(e.index);
+          break;
+        case EventType::kKvLanded:
+          KvLanded(e.index);
+          break;
+      }
+    }
+    result_.end_s = now_;
+    return std::move(result_);
+  }
+
+ private:
+  void AddWorkers(WorkerRole role, int count, const char* prefix,
+                  Candidates* pool) {
+    for (int i = 0; i < count; ++i) {
+      WorkerInfo info;
+      info.ref = {absl::StrCat(prefix, i), 1};
+      info.registration.role = role;
+      info.registration.address = info.ref.id;
+      info.registration.model_id = kModel;
+      info.registration.kv_layout.block_size = p_.block_size;
+      info.registration.kv_blocks_total = p_.kv_blocks;
+      info.load.kv_blocks_total = p_.kv_blocks;
+      info.load.kv_blocks_free = p_.kv_blocks;
+      by_id_[info.ref.id] = static_cast<int>(workers_.size());
+      Worker& w = workers_.emplace_back();
+      w.role = role;
+      w.free_blocks = p_.kv_blocks;
+      w.pool = pool;
+      w.pool_index = pool->size();
+      pool->push_back(std::move(info));
+    }
+  }
+
+  void Push(double t, EventType type, int index) {
+    events_.push(Event{t, next_seq_++, type, index});
+  }
+
+  // The coordinator's view of worker `w` after a change.
+  void Sync(int w) {
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    coordinator::WorkerLoad& load = (*worker.pool)[worker.pool_index].load;
+    load.queued_prefill_tokens = worker.queued_prefill_tokens;
+    load.running_sequences = static_cast<int32_t>(worker.running.size());
+    load.kv_blocks_free = worker.free_blocks;
+    load.queued_reservations = static_cast<int32_t>(worker.line.size());
+    load.prefill_tokens_per_second = worker.rate.tokens_per_second();
+    // The admission view holds every worker.
+    size_t offset = 0;
+    if (worker.pool == &decode_pool_) offset = prefill_pool_.size();
+    if (worker.pool == &both_pool_) {
+      offset = prefill_pool_.size() + decode_pool_.size();
+    }
+    all_[offset + worker.pool_index].load = load;
+  }
+
+  int WorkerOf(const absl::StatusOr<coordinator::WorkerRef>& ref) const {
+    return ref.ok() ? by_id_.at(ref->id) : -1;
+  }
+
+  RequestInfo Info(int r) const {
+    RequestInfo info;
+    info.model_id = kModel;
+    info.prompt_tokens = requests_[static_cast<size_t>(r)].in.input_len;
+    info.max_tokens = requests_[static_cast<size_t>(r)].in.output_len;
+    return info;
+  }
+
+  void Fail(int r, absl::StatusCode code, const std::string& message) {
+    bench::RequestRecord& rec = result_.records[static_cast<size_t>(r)];
+    rec.success = false;
+    rec.error_code = code;
+    rec.error_message = message;
+    rec.end_time_s = now_;
+    rec.e2el_ms = 1e3 * (now_ - rec.send_time_s);
+  }
+
+  void Arrive(int r) {
+    const RequestInfo info = Info(r);
+    // As Cluster::Admit: the queue bound needs no view of the workers.
+    static const Candidates kNone;
+    const coordinator::AdmissionVerdict verdict = coordinator::Admit(
+        options_.admission,
+        options_.admission.ttft_slo > absl::ZeroDuration() ? all_ : kNone, info,
+        waiting_);
+    if (!verdict.status.ok()) {
+      return Fail(r, verdict.status.code(),
+                  std::string(verdict.status.message()));
+    }
+    ++waiting_;
+    Request& req = requests_[static_cast<size_t>(r)];
+    if (options_.prefill == 0) return SendToPrefill(r, &both_pool_);
+    const int decode = WorkerOf(policy_->PickDecode(decode_pool_, info));
+    if (decode >= 0) {
+      Reserve(r, decode);
+      return SendToPrefill(r, &prefill_pool_);
+    }
+    const int line = WorkerOf(coordinator::PickDecodeQueue(decode_pool_, info));
+    if (line < 0) {
+      --waiting_;
+      return Fail(r, absl::StatusCode::kResourceExhausted,
+                  "no decode worker is big enough");
+    }
+    req.decode = line;
+    workers_[static_cast<size_t>(line)].line.push_back(r);
+    Sync(line);
+  }
+
+  void Reserve(int r, int w) {
+    Request& req = requests_[static_cast<size_t>(r)];
+    req.decode = w;
+    req.blocks = coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    worker.free_blocks -= req.blocks;
+    BATON_CHECK(worker.free_blocks >= 0);
+    Sync(w);
+  }
+
+  void SendToPrefill(int r, Candidates* pool) {
+    Request& req = requests_[static_cast<size_t>(r)];
+    const int w = WorkerOf(policy_->PickPrefill(*pool, Info(r)));
+    BATON_CHECK(w >= 0);
+    req.prefill = w;
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    worker.prompts.push_back(r);
+    worker.queued_prefill_tokens += req.in.input_len;
+    Sync(w);
+    MaybeStep(w);
+  }
+
+  // Frees `r`'s blocks on its decode (or colocated) worker and serves the
+  // worker's line in order while it has room.
+  void Free(int r) {
+    Request& req = requests_[static_cast<size_t>(r)];
+    const int w = req.decode;
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    worker.free_blocks += req.blocks;
+    req.blocks = 0;
+    while (!worker.line.empty()) {
+      const int next = worker.line.front();
+      if (coordinator::DecodeBlocksNeeded(Info(next), p_.block_size) >
+          worker.free_blocks) {
+        break;
+      }
+      worker.line.pop_front();
+      Reserve(next, w);
+      SendToPrefill(next, &prefill_pool_);
+    }
+    Sync(w);
+  }
+
+  void Token(int r) {
+    Request& req = requests_[static_cast<size_t>(r)];
+    bench::RequestRecord& rec = result_.records[static_cast<size_t>(r)];
+    ++req.generated;
+    ++rec.output_tokens;
+    if (req.generated == 1) {
+      rec.ttft_ms = 1e3 * (now_ - req.in.arrival_s);
+      --waiting_;
+    } else {
+      rec.itl_ms.push_back(1e3 * (now_ - req.last_token));
+    }
+    req.last_token = now_;
+  }
+
+  void Finish(int r) {
+    bench::RequestRecord& rec = result_.records[static_cast<size_t>(r)];
+    rec.success = true;
+    rec.finish_reason = "length";
+    rec.end_time_s = now_;
+    rec.e2el_ms = 1e3 * (now_ - rec.send_time_s);
+    const Request& req = requests_[static_cast<size_t>(r)];
+    rec.prefill_worker = all_name(req.prefill);
+    rec.decode_worker = all_name(req.decode);
+    Free(r);
+  }
+
+  std::string all_name(int w) const {
+    const Worker& worker = workers_[static_cast<size_t>(w)];
+    return (*worker.pool)[worker.pool_index].ref.id;
+  }
+
+  bool Done(int r) const {
+    const Request& req = requests_[static_cast<size_t>(r)];
+    return req.generated >= req.in.output_len;
+  }
+
+  void MaybeStep(int w) {
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    if (worker.busy) return;
+    // Prompts this step prefills: whole ones, first come first served, up
+    // to the token budget (at least one); colocated ones only once their
+    // blocks fit.
+    std::vector<int64_t> lengths;
+    int64_t tokens = 0;
+    while (!worker.prompts.empty() && worker.role != WorkerRole::kDecode) {
+      const int r = worker.prompts.front();
+      Request& req = requests_[static_cast<size_t>(r)];
+      if (!lengths.empty() && tokens + req.in.input_len > p_.max_batch_tokens) {
+        break;
+      }
+      if (worker.role == WorkerRole::kBoth) {
+        const int64_t need =
+            coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
+        if (need > worker.free_blocks) break;
+        req.decode = w;
+        req.blocks = need;
+        worker.free_blocks -= need;
+      }
+      worker.prompts.pop_front();
+      req.prefill_start = now_;
+      lengths.push_back(req.in.input_len);
+      tokens += req.in.input_len;
+      worker.in_step.push_back(r);
+    }
+    while (!worker.joining.empty() &&
+           static_cast<int64_t>(worker.running.size()) < p_.max_num_seqs) {
+      worker.running.push_back(worker.joining.front());
+      worker.joining.pop_front();
+    }
+    double seconds = 0;
+    if (!lengths.empty()) seconds += PrefillSeconds(p_, lengths);
+    if (!worker.running.empty()) {
+      int64_t context = 0;
+      for (int r : worker.running) {
+        const Request& req = requests_[static_cast<size_t>(r)];
+        context += req.in.input_len + req.generated;
+      }
+      seconds += DecodeSeconds(p_, context,
+                               static_cast<int64_t>(worker.running.size()));
+    }
+    if (lengths.empty() && worker.running.empty()) return;
+    worker.busy = true;
+    worker.step_start = now_;
+    Push(now_ + seconds, EventType::kStepDone, w);
+    Sync(w);
+  }
+
+  void StepDone(int w) {
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    worker.busy = false;
+    // Decode first: the running batch's tokens.
+    std::vector<int> still;
+    for (int r : worker.running) {
+      Token(r);
+      if (Done(r)) {
+        Finish(r);
+      } else {
+        still.push_back(r);
+      }
+    }
+    worker.running = std::move(still);
+    int64_t prompt_tokens = 0;
+    for (int r : worker.in_step) {
+      Request& req = requests_[static_cast<size_t>(r)];
+      prompt_tokens += req.in.input_len;
+      worker.queued_prefill_tokens -= req.in.input_len;
+      Token(r);
+      if (Done(r)) {
+        Finish(r);
+      } else if (worker.role == WorkerRole::kBoth) {
+        worker.joining.push_back(r);
+      } else {
+        // The transfer overlaps the prefill layer by layer.
+        Push(std::max(now_, req.prefill_start +
+                                TransferSeconds(p_, req.in.input_len)),
+             EventType::kKvLanded, r);
+      }
+    }
+    worker.in_step.clear();
+    worker.rate.Record(prompt_tokens, now_ - worker.step_start);
+    Sync(w);
+    MaybeStep(w);
+  }
+
+  void KvLanded(int r) {
+    const int w = requests_[static_cast<size_t>(r)].decode;
+    workers_[static_cast<size_t>(w)].joining.push_back(r);
+    MaybeStep(w);
+  }
+
+  const SimOptions& options_;
+  const WorkerProfile& p_;
+  std::unique_ptr<coordinator::RoutingPolicy> policy_;
+  std::vector<Request> requests_;
+  std::deque<Worker> workers_;  // PrefillRate does not move
+  absl::flat_hash_map<std::string, int> by_id_;
+  Candidates prefill_pool_, decode_pool_, both_pool_, all_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  int64_t next_seq_ = 0;
+  int64_t waiting_ = 0;  // admitted, before the first token
+  double now_ = 0;
+  SimResult result_;
+};
+
+}  // namespace
+
+absl::Status ParseShape(const std::string& shape, SimOptions* options) {
+  options->prefill = options->decode = options->both = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < shape.size()) {
+    size_t j = i;
+    while (j < shape.size() && shape[j] >= '0' && shape[j] <= '9') ++j;
+    int count = 0;
+    if (j == i || j == shape.size() ||
+        !absl::SimpleAtoi(shape.substr(i, j - i), &count) || count <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape '", shape, "': want counts and roles, e.g. 1P1D, 2C, 4P12D"));
+    }
+    switch (shape[j]) {
+      case 'P':
+        options->prefill += count;
+        break;
+      case 'D':
+        options->decode += count;
+        break;
+      case 'C':
+        options->both += count;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("shape '", shape, "': role '",
+                         std::string(1, shape[j]), "' is not P, D or C"));
+    }
+    any = true;
+    i = j + 1;
+  }
+  if (!any) {
+    return absl::InvalidArgumentError("shape: empty (e.g. 1P1D, 2C)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SimResult> Simulate(const SimOptions& options,
+                                   const std::vector<SimRequest>& requests) {
+  if (options.prefill < 0 || options.decode < 0 || options.both < 0 ||
+      (options.prefill > 0) != (options.decode > 0) ||
+      (options.prefill > 0 && options.both > 0) ||
+      (options.prefill == 0 && options.both == 0)) {
+    return absl::InvalidArgumentError(
+        "shape: prefill and decode workers together (split serving) or "
+        "colocated workers alone");
+  }
+  if (absl::Status s = coordinator::ValidateAdmissionOptions(options.admission);
+      !s.ok()) {
+    return s;
+  }
+  std::unique_ptr<coordinator::RoutingPolicy> policy;
+  if (options.policy == "least_loaded") {
+    policy = coordinator::NewLeastLoadedPolicy();
+  } else if (options.policy == "round_robin") {
+    policy = coordinator::NewRoundRobinPolicy();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy '", options.policy, "': least_loaded or round_robin"));
+  }
+  const int64_t largest =
+      options.profile.kv_blocks * options.profile.block_size;
+  double previous = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SimRequest& r = requests[i];
+    if (r.input_len < 1 || r.output_len < 1 || !(r.arrival_s >= previous)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", i, ": lengths must be >= 1 and arrivals ascending"));
+    }
+    if (r.input_len + r.output_len > largest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", i, ": ", r.input_len, " + ", r.output_len,
+          " tokens exceed a worker's KV pool (", largest, " tokens)"));
+    }
+    previous = r.arrival_s;
+  }
+  return Simulation(options, requests, std::move(policy)).Run();
+}
+
+}  // namespace baton::sim

@@ -1,0 +1,74 @@
+// baton-sim's discrete-event simulator: a cluster of simulated workers whose
+// prefill, decode steps and KV transfers take the time a WorkerProfile
+// predicts, driven by the coordinator's own admission (coordinator/
+// admission.h) and routing policy (coordinator/routing_policy.h) — the same
+// code baton-coordinator runs, fed the load the simulated workers hold.
+//
+// What it models, per request:
+//   arrival → admission (refused: RESOURCE_EXHAUSTED at arrival) →
+//   split: a decode worker's KV reservation for prompt + output (none with
+//   room: the line of the worker PickDecodeQueue names, first come first
+//   served) → the prefill worker the policy picks (its queue, first come
+//   first served; a step takes whole prompts up to max_batch_tokens, at
+//   least one) → first token at the end of its prefill step → the KV
+//   transfer, which overlaps the prefill layer by layer and so ends at
+//   max(prefill end, prefill start + transfer time) → the decode worker's
+//   running batch (up to max_num_seqs; one token per sequence per step) →
+//   the last token frees the reservation.
+//   colocated (`both` workers only): the worker's queue; a prompt starts
+//   when its prompt + output blocks fit; each step prefills the prompts it
+//   takes and decodes the running batch, and lasts the sum of both times.
+// The coordinator's view is exact (no heartbeat lag); prefill rates for
+// admission are each worker's measured rate, as the real engine reports
+// it (worker/engine/prefill_rate.h). Ties break by order of events, so a
+// run is a function of its inputs.
+#ifndef BATON_BENCH_SIM_SIMULATOR_H_
+#define BATON_BENCH_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/serving/metrics.h"
+#include "bench/sim/profile.h"
+#include "coordinator/admission.h"
+
+namespace baton::sim {
+
+struct SimRequest {
+  double arrival_s = 0;
+  int64_t input_len = 1;   // >= 1
+  int64_t output_len = 1;  // >= 1, the first token included
+};
+
+struct SimOptions {
+  // Workers by role; prefill > 0 needs decode > 0 (split serving), else
+  // both > 0 (colocated).
+  int prefill = 1;
+  int decode = 1;
+  int both = 0;
+  WorkerProfile profile;
+  // "least_loaded" or "round_robin", as baton-coordinator's --policy.
+  std::string policy = "least_loaded";
+  coordinator::AdmissionOptions admission;
+};
+
+// Parses "1P1D", "2C", "4P12D" into prefill / decode / both counts.
+absl::Status ParseShape(const std::string& shape, SimOptions* options);
+
+struct SimResult {
+  // One per request, in input order, as baton-bench records them.
+  std::vector<bench::RequestRecord> records;
+  // The last event's time.
+  double end_s = 0;
+  int64_t events = 0;
+};
+
+// INVALID_ARGUMENT for a bad shape, policy or request.
+absl::StatusOr<SimResult> Simulate(const SimOptions& options,
+                                   const std::vector<SimRequest>& requests);
+
+}  // namespace baton::sim
+
+#endif  // BATON_BENCH_SIM_SIMULATOR_H_

@@ -1,0 +1,215 @@
+#include "bench/sim/simulator.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "bench/serving/arrivals.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Prefill takes `prefill_s` per prompt (one prompt of `len` tokens per
+// step), decode `step_s` per step whatever the batch.
+WorkerProfile FixedProfile(double prefill_s, double step_s, int64_t len) {
+  WorkerProfile p;
+  p.prefill.c0 = prefill_s;
+  p.decode.c0 = step_s;
+  p.transfer_alpha_s = 0;
+  p.transfer_bytes_per_s = 1e12;
+  p.kv_bytes_per_token = 1000;
+  p.kv_blocks = 1 << 16;
+  p.block_size = 16;
+  p.max_batch_tokens = len;
+  p.max_num_seqs = 256;
+  return p;
+}
+
+std::vector<SimRequest> Poisson(int n, double rate, int64_t in, int64_t out,
+                                uint64_t seed) {
+  bench::ArrivalOptions arrivals;
+  arrivals.request_rate = rate;
+  auto offsets = bench::ArrivalOffsets(n, arrivals, seed);
+  EXPECT_TRUE(offsets.ok()) << offsets.status();
+  std::vector<SimRequest> requests;
+  for (double t : *offsets) requests.push_back({t, in, out});
+  return requests;
+}
+
+double MeanTtftMs(const SimResult& result) {
+  double sum = 0;
+  for (const bench::RequestRecord& r : result.records) sum += r.ttft_ms;
+  return sum / static_cast<double>(result.records.size());
+}
+
+// One prefill worker with a deterministic service time D and Poisson
+// arrivals is an M/D/1 queue: the mean wait is rho D / (2 (1 - rho))
+// (Pollaczek-Khinchine), and the first token comes after wait + D.
+TEST(SimulatorTest, OnePrefillWorkerIsAnMD1Queue) {
+  const double service_s = 0.1;
+  for (double rho : {0.5, 0.8}) {
+    SimOptions options;
+    options.profile = FixedProfile(service_s, 0.01, 64);
+    const auto requests = Poisson(100000, rho / service_s, 64, 1, 7);
+    auto result = Simulate(options, requests);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const double expected_ms =
+        1e3 * (service_s + rho * service_s / (2 * (1 - rho)));
+    const double got_ms = MeanTtftMs(*result);
+    EXPECT_NEAR(got_ms / expected_ms, 1.0, 0.05)
+        << "rho " << rho << ": simulated mean TTFT " << got_ms
+        << " ms, M/D/1 gives " << expected_ms << " ms";
+  }
+}
+
+TEST(SimulatorTest, SaturatedThroughputIsTheSlowerPoolsRate) {
+  // Everything arrives at once: 2 prefill workers at 10 prompts/s each,
+  // one decode worker with a batch cap of 4 and 10 steps of 0.05 s per
+  // request (20 requests/s at most... 4 / 0.5 s = 8/s): decode bounds it.
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("2P1D", &options).ok());
+  options.profile = FixedProfile(0.1, 0.05, 64);
+  options.profile.max_num_seqs = 4;
+  std::vector<SimRequest> requests(400, SimRequest{0, 64, 11});
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const double throughput = 400 / result->end_s;
+  EXPECT_NEAR(throughput / 8.0, 1.0, 0.05) << throughput << " requests/s";
+  for (const auto& r : result->records) {
+    ASSERT_TRUE(r.success);
+    EXPECT_EQ(r.output_tokens, 11);
+    EXPECT_EQ(r.itl_ms.size(), 10u);
+  }
+}
+
+TEST(SimulatorTest, SameInputsGiveTheSameRun) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("3P2D", &options).ok());
+  options.profile = FixedProfile(0.02, 0.01, 512);
+  options.profile.prefill.c1 = 1e-4;
+  options.profile.decode.c1 = 1e-6;
+  options.profile.kv_blocks = 64;  // reservations wait in lines
+  std::vector<SimRequest> requests = Poisson(2000, 40, 100, 30, 3);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].input_len = 20 + static_cast<int64_t>(i * 37 % 300);
+  }
+  auto a = Simulate(options, requests);
+  auto b = Simulate(options, requests);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->records.size(), b->records.size());
+  int lined = 0;
+  for (size_t i = 0; i < a->records.size(); ++i) {
+    const auto& x = a->records[i];
+    const auto& y = b->records[i];
+    ASSERT_TRUE(x.success) << i;
+    EXPECT_EQ(x.prefill_worker, y.prefill_worker);
+    EXPECT_EQ(x.decode_worker, y.decode_worker);
+    EXPECT_EQ(x.ttft_ms, y.ttft_ms);
+    EXPECT_EQ(x.itl_ms, y.itl_ms);
+    if (x.ttft_ms > 1000) ++lined;
+  }
+  EXPECT_GT(lined, 0) << "the KV pools never filled";
+}
+
+TEST(SimulatorTest, ColocatedWorkersWaitForKvRoom) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("2C", &options).ok());
+  options.profile = FixedProfile(0.01, 0.01, 256);
+  options.profile.kv_blocks = 20;  // 320 tokens: two requests at a time
+  std::vector<SimRequest> requests(50, SimRequest{0, 100, 50});
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (const auto& r : result->records) {
+    ASSERT_TRUE(r.success);
+    EXPECT_EQ(r.output_tokens, 50);
+    EXPECT_EQ(r.prefill_worker, r.decode_worker);
+  }
+  // 25 requests per worker, at most two at a time, each holding its slot
+  // for at least a 0.01 s prefill and 49 decode steps of 0.01 s: at least
+  // 13 rounds of 0.5 s, and fewer than one request at a time would take.
+  EXPECT_GE(result->end_s, 13 * 0.5);
+  EXPECT_LT(result->end_s, 25 * 0.5);
+}
+
+TEST(SimulatorTest, AdmissionShedsOverloadOnTheMeasuredRate) {
+  SimOptions options;
+  options.profile = FixedProfile(0.1, 0.001, 64);
+  options.profile.prefill.c0 = 0;
+  options.profile.prefill.c1 = 0.1 / 64;  // 640 tokens/s
+  options.admission.ttft_slo = absl::Milliseconds(500);
+  const auto requests = Poisson(2000, 20, 64, 2, 5);  // 2x capacity
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  int refused = 0;
+  double worst_admitted_ms = 0;
+  for (const auto& r : result->records) {
+    if (!r.success) {
+      EXPECT_EQ(r.error_code, absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(r.error_message, HasSubstr("--ttft_slo_ms"));
+      EXPECT_EQ(r.end_time_s, r.send_time_s);
+      ++refused;
+    } else {
+      worst_admitted_ms = std::max(worst_admitted_ms, r.ttft_ms);
+    }
+  }
+  // About half is shed, and what is admitted starts within the SLO plus
+  // one prompt's prefill (the estimate counts queued tokens exactly).
+  EXPECT_NEAR(refused / 2000.0, 0.5, 0.1);
+  EXPECT_LE(worst_admitted_ms, 500 + 100 + 1e-6);
+}
+
+TEST(SimulatorTest, RejectsBadShapesAndRequests) {
+  SimOptions options;
+  EXPECT_THAT(ParseShape("1X", &options).message(), HasSubstr("'X'"));
+  EXPECT_THAT(ParseShape("P1", &options).message(), HasSubstr("1P1D"));
+  ASSERT_TRUE(ParseShape("1P1C", &options).ok());
+  options.profile = FixedProfile(0.1, 0.1, 64);
+  EXPECT_FALSE(Simulate(options, {}).ok());
+  ASSERT_TRUE(ParseShape("1C", &options).ok());
+  EXPECT_THAT(Simulate(options, {{0, 0, 1}}).status().message(),
+              HasSubstr("request 0"));
+  EXPECT_THAT(Simulate(options, {{1, 4, 1}, {0, 4, 1}}).status().message(),
+              HasSubstr("ascending"));
+  EXPECT_THAT(Simulate(options, {{0, 1 << 20, 1 << 20}}).status().message(),
+              HasSubstr("KV pool"));
+}
+
+TEST(ProfileTest, ParsesAndNamesTheBadField) {
+  const nlohmann::json good = {
+      {"name", "x"},
+      {"prefill", {{"c0", 0.001}, {"c1", 1e-4}, {"c2", 0}}},
+      {"decode", {{"c0", 0.002}, {"c1", 1e-7}, {"c2", 1e-4}}},
+      {"transfer", {{"alpha_s", 0.0001}, {"bytes_per_s", 2e9}}},
+      {"kv_bytes_per_token", 23040},
+      {"kv_blocks", 4096},
+      {"block_size", 16},
+      {"max_batch_tokens", 512},
+      {"max_num_seqs", 64}};
+  auto p = ParseProfile(good);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(ProfileJson(*p)["decode"]["c2"], 1e-4);
+  EXPECT_DOUBLE_EQ(PrefillSeconds(*p, std::vector<int64_t>{10, 20}),
+                   0.001 + 1e-4 * 30);
+  EXPECT_DOUBLE_EQ(TransferSeconds(*p, 1000), 0.0001 + 23040e3 / 2e9);
+  nlohmann::json bad = good;
+  bad["prefill"]["c1"] = -1;
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'prefill.c1' must be >= 0"));
+  bad = good;
+  bad["transfer"]["bytes_per_s"] = 0;
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'transfer.bytes_per_s' must be > 0"));
+  bad = good;
+  bad.erase("kv_blocks");
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'kv_blocks' is missing"));
+  bad = good;
+  bad["block_size"] = 1.5;
+  EXPECT_THAT(ParseProfile(bad).status().message(), HasSubstr("integer"));
+}
+
+}  // namespace
+}  // namespace baton::sim
