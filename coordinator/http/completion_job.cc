@@ -120,9 +120,10 @@ void CompletionJob::Launch() {
                             index](v1::GenerateResponse message) {
       self->OnMessage(index, std::move(message));
     };
-    callbacks.on_done = [self = shared_from_this(),
-                         index](const grpc::Status& status) {
-      self->OnDone(index, status);
+    callbacks.on_done = [self = shared_from_this(), index](
+                            const grpc::Status& status,
+                            std::optional<absl::Duration> retry_after) {
+      self->OnDone(index, status, retry_after);
     };
     BATON_TSAN_RELEASE(this);
     std::shared_ptr<GenerateStream> stream = GenerateStream::Start(
@@ -187,7 +188,8 @@ void CompletionJob::OnMessage(int index, v1::GenerateResponse message) {
   CancelAll(to_cancel);
 }
 
-void CompletionJob::OnDone(int index, const grpc::Status& status) {
+void CompletionJob::OnDone(int index, const grpc::Status& status,
+                           std::optional<absl::Duration> retry_after) {
   Streams to_cancel;
   {
     absl::MutexLock lock(&mu_);
@@ -199,9 +201,7 @@ void CompletionJob::OnDone(int index, const grpc::Status& status) {
           cancelled_    ? absl::CancelledError("the client disconnected")
           : status.ok() ? absl::InternalError("Generate ended without a result")
                         : FromGrpc(status);
-      if (auto delay = choice.stream->retry_after(); delay.has_value()) {
-        SetRetryAfter(why, *delay);
-      }
+      if (retry_after.has_value()) SetRetryAfter(why, *retry_after);
       Fail(std::move(why), to_cancel);
     }
     if (done_ == static_cast<int>(choices_.size())) Finish();

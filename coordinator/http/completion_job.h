@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
 #include "coordinator/http/generate_stream.h"
 #include "coordinator/http/http_server.h"
@@ -65,7 +67,11 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   void FillContextThenLaunch();
   void Launch();
   void OnMessage(int index, v1::GenerateResponse message);
-  void OnDone(int index, const grpc::Status& status);
+  // The call ended: `retry_after` is the delay a refusal asked for. May
+  // run before GenerateStream::Start returned (a refusal comes at once),
+  // so it must not touch choices_[index].stream.
+  void OnDone(int index, const grpc::Status& status,
+              std::optional<absl::Duration> retry_after);
   void Cancel();
   // The first failure wins: in a stream that has started, its error event
   // goes out; the calls still running are added to `to_cancel` (cancelled

@@ -46,8 +46,8 @@ void GenerateStream::OnReadDone(bool ok) {
 
 void GenerateStream::OnDone(const grpc::Status& status) {
   BATON_TSAN_ACQUIRE(this);
-  if (!status.ok()) retry_after_ = RetryAfterFrom(context_);
-  callbacks_.on_done(status);
+  callbacks_.on_done(status,
+                     status.ok() ? std::nullopt : RetryAfterFrom(context_));
   callbacks_ = GenerateCallbacks();
   // Last use of `this`: the stream may be destroyed here.
   std::shared_ptr<GenerateStream> self = std::move(self_);

@@ -19,8 +19,10 @@ namespace baton::http {
 struct GenerateCallbacks {
   // Each message of the stream, in order; never concurrently.
   std::function<void(v1::GenerateResponse)> on_message;
-  // Once, after the last on_message: the RPC's status.
-  std::function<void(const grpc::Status&)> on_done;
+  // Once, after the last on_message: the RPC's status, and the retry delay
+  // a refusal's trailing metadata asked for (RetryAfterFrom).
+  std::function<void(const grpc::Status&, std::optional<absl::Duration>)>
+      on_done;
 };
 
 class GenerateStream : public grpc::ClientReadReactor<v1::GenerateResponse>,
@@ -35,10 +37,6 @@ class GenerateStream : public grpc::ClientReadReactor<v1::GenerateResponse>,
   // still comes, with CANCELLED unless the call had already ended.
   void Cancel();
 
-  // The retry delay the refusal that ended the call asked for
-  // (RetryAfterFrom); valid in and after on_done.
-  std::optional<absl::Duration> retry_after() const { return retry_after_; }
-
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
@@ -49,8 +47,7 @@ class GenerateStream : public grpc::ClientReadReactor<v1::GenerateResponse>,
   v1::GenerateRequest request_;
   v1::GenerateResponse response_;
   GenerateCallbacks callbacks_;
-  std::shared_ptr<GenerateStream> self_;       // until OnDone
-  std::optional<absl::Duration> retry_after_;  // set in OnDone
+  std::shared_ptr<GenerateStream> self_;  // until OnDone
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool cancel_ ABSL_GUARDED_BY(mu_) = false;
