@@ -48,21 +48,28 @@ echo "host: $(bash "$ROOT/scripts/host_info.sh" | tail -1)"
 echo "cluster $SHAPE, $THREADS thread(s) per worker, --ttft_slo_ms=$SLO_MS;" \
   "prompts $INPUT_LEN tokens, answers $OUTPUT_LEN tokens"
 export OUT FACTOR DURATION INPUT_LEN OUTPUT_LEN CONCURRENCY BIN SLO_MS
-bash "$ROOT/scripts/local_cluster.sh" "$SHAPE" --no-build --bin="$BIN" \
-  --threads="$THREADS" --coordinator_flag=--ttft_slo_ms="$SLO_MS" -- \
-  bash -c '
-set -euo pipefail
-bench() {  # name, extra baton-bench flags...
+# baton-bench with the workload's flags, its JSON to $OUT/NAME.json (run by
+# the commands local_cluster.sh starts, which see BATON_SERVER).
+bench() {
   local name="$1"; shift
   "$BIN/baton-bench" --server="$BATON_SERVER" --dataset-name=random \
     --random-input-len="$INPUT_LEN" --random-output-len="$OUTPUT_LEN" \
     --save-result --result-dir="$OUT" --result-filename="$name.json" "$@" \
     >"$OUT/$name.log" 2>&1
 }
-bench capacity --num-prompts=$((CONCURRENCY * 8)) --max-concurrency="$CONCURRENCY"
-rate="$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[\"request_throughput\"])" "$OUT/capacity.json")"
-offered="$(python3 -c "print(float(\"$rate\") * float(\"$FACTOR\"))")"
-echo "capacity $rate req/s; offering $offered req/s for $DURATION s"
+export -f bench
+# 1. Capacity: a closed loop on a cluster that sheds nothing.
+bash "$ROOT/scripts/local_cluster.sh" "$SHAPE" --no-build --bin="$BIN" \
+  --threads="$THREADS" -- bash -c 'set -euo pipefail
+bench capacity --num-prompts=$((CONCURRENCY * 8)) --max-concurrency="$CONCURRENCY"'
+rate="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["request_throughput"])' "$OUT/capacity.json")"
+OFFERED="$(python3 -c "print(float('$rate') * float('$FACTOR'))")"
+export OFFERED
+echo "capacity $rate req/s; offering $OFFERED req/s for $DURATION s"
+# 2. Overload, on a fresh cluster with the SLO.
+bash "$ROOT/scripts/local_cluster.sh" "$SHAPE" --no-build --bin="$BIN" \
+  --threads="$THREADS" --coordinator_flag=--ttft_slo_ms="$SLO_MS" -- \
+  bash -c 'set -euo pipefail
 # Resident memory of every process of the cluster, once a second.
 ( while :; do
     for pid in $BATON_PIDS; do
@@ -72,12 +79,11 @@ echo "capacity $rate req/s; offering $offered req/s for $DURATION s"
     sleep 1
   done ) >"$OUT/rss.txt" &
 sampler=$!
-bench overload --request-rate="$offered" --max-duration-s="$DURATION" \
-  --num-prompts="$(python3 -c "print(int(float(\"$offered\") * $DURATION * 1.5) + 10)")" \
+bench overload --request-rate="$OFFERED" --max-duration-s="$DURATION" \
+  --num-prompts="$(python3 -c "print(int(float(\"$OFFERED\") * $DURATION * 1.5) + 10)")" \
   --request-timeout-s=120 --metric-percentiles=50,90,99 || true
 kill "$sampler"
-echo "$BATON_PIDS" >"$OUT/pids.txt"
-'
+echo "$BATON_PIDS" >"$OUT/pids.txt"'
 python3 - "$OUT" "$SLO_MS" <<'PY'
 import collections, json, sys
 out, slo = sys.argv[1], float(sys.argv[2])
