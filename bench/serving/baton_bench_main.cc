@@ -3,6 +3,8 @@
 // underscores). See bench/serving/bench.h.
 //
 //   baton-bench --server=HOST:PORT [--dataset-name=random|sharegpt] ...
+//   baton-bench profile --server=HOST:PORT [--profile_out=FILE]
+//               [--profile_name=TEXT]   (a cost profile for baton-sim)
 //
 // Exit status: 0 every request completed; 1 none did, or the server could
 // not be used (also a flag value absl cannot parse, e.g. --request-rate=x);
@@ -28,6 +30,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/serving/bench.h"
+#include "bench/serving/report.h"
+#include "bench/serving/runner.h"
+#include "bench/sim/profiler.h"
+#include "common/auth/bearer_interceptor.h"
 #include "common/auth/client_flags.h"
 
 ABSL_FLAG(std::string, server, "", "HOST:PORT of a baton-coordinator");
@@ -86,6 +92,10 @@ ABSL_FLAG(double, max_duration_s, 0,
 ABSL_FLAG(double, connect_timeout_s, 10, "wait this long for the server");
 ABSL_FLAG(bool, progress, false,
           "show the progress bar on stderr even when it is not a terminal");
+ABSL_FLAG(std::string, profile_out, "profile.json",
+          "profile: where the fitted cost profile goes (baton-sim --profile)");
+ABSL_FLAG(std::string, profile_name, "",
+          "profile: what was measured (model, hardware, threads)");
 ABSL_FLAG(std::string, cpus, "",
           "pin the benchmark client to these CPUs, e.g. 3 or 2-3");
 
@@ -117,6 +127,33 @@ int Fail(const absl::Status& status) {
   return bad_input ? 2 : 1;
 }
 
+// `baton-bench profile`: measures the cluster at --server and writes the
+// cost profile baton-sim reads (bench/sim/profiler.h).
+int Profile() {
+  auto channel = baton::OpenChannel(absl::GetFlag(FLAGS_server),
+                                    baton::ClientSecurityFromFlags());
+  if (!channel.ok()) return Fail(channel.status());
+  if (absl::Status s = baton::bench::WaitForServer(
+          **channel, absl::GetFlag(FLAGS_server),
+          absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+      !s.ok()) {
+    return Fail(s);
+  }
+  baton::sim::ProfileOptions options;
+  options.name = absl::GetFlag(FLAGS_profile_name);
+  options.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
+  auto profile = baton::sim::MeasureProfile(*channel, options, std::cerr);
+  if (!profile.ok()) return Fail(profile.status());
+  const std::string out = absl::GetFlag(FLAGS_profile_out);
+  if (absl::Status s =
+          baton::bench::WriteJsonFile(baton::sim::ProfileJson(*profile), out);
+      !s.ok()) {
+    return Fail(s);
+  }
+  std::cout << "profile written to " << out << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +167,9 @@ int main(int argc, char** argv) {
   const std::vector<char*> positional = absl::ParseCommandLine(
       static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
+  if (positional.size() > 1 && std::string(positional[1]) == "profile") {
+    return Profile();
+  }
   baton::bench::BenchOptions o;
   o.goodput = absl::GetFlag(FLAGS_goodput);
   // "--goodput ttft:500 tpot:50": the SLOs after the first are positional.

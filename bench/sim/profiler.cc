@@ -1,0 +1,183 @@
+#include "bench/sim/profiler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "baton/v1/api.grpc.pb.h"
+#include "bench/serving/dataset.h"
+#include "bench/serving/runner.h"
+#include "bench/sim/fit.h"
+
+namespace baton::sim {
+namespace {
+
+struct ClusterShape {
+  bool split = false;
+  int64_t kv_blocks = 0;
+  int64_t block_size = 0;
+  int64_t kv_bytes_per_token = 0;
+};
+
+absl::StatusOr<ClusterShape> ReadCluster(grpc::Channel& channel) {
+  auto stub = v1::Baton::NewStub(
+      std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  v1::GetClusterStatusResponse status;
+  const grpc::Status rpc = stub->GetClusterStatus(&context, {}, &status);
+  if (!rpc.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("GetClusterStatus: ", rpc.error_message()));
+  }
+  ClusterShape shape;
+  for (const v1::WorkerStatus& w : status.workers()) {
+    if (w.health() != v1::WORKER_HEALTH_HEALTHY) continue;
+    if (w.role() == v1::WORKER_ROLE_PREFILL) shape.split = true;
+    if (w.role() == v1::WORKER_ROLE_PREFILL || shape.kv_blocks > 0) continue;
+    const v1::KvLayout& layout = w.kv_layout();
+    const int64_t dtype_bytes = layout.dtype() == v1::KV_DTYPE_F32 ? 4 : 2;
+    shape.kv_blocks = w.load().kv_blocks_total();
+    shape.block_size = layout.block_size();
+    shape.kv_bytes_per_token = 2 * int64_t{layout.num_layers()} *
+                               layout.num_kv_heads() * layout.head_dim() *
+                               dtype_bytes;
+  }
+  if (shape.kv_blocks <= 0 || shape.block_size <= 0) {
+    return absl::FailedPreconditionError(
+        "no healthy decode or colocated worker to profile");
+  }
+  return shape;
+}
+
+// Runs `count` prompts of `len` tokens, `out` tokens each, `concurrency`
+// at a time; only successful records are returned.
+absl::StatusOr<std::vector<bench::RequestRecord>> Run(
+    std::shared_ptr<grpc::Channel> channel, int count, int len, int out,
+    int concurrency, uint64_t seed, const ProfileOptions& options) {
+  bench::RandomDatasetOptions data;
+  data.num_prompts = count;
+  data.input_len = len;
+  data.output_len = out;
+  auto prompts = bench::SampleRandomPrompts(data, seed);
+  if (!prompts.ok()) return prompts.status();
+  bench::RunnerOptions runner;
+  runner.max_concurrency = concurrency;
+  runner.request_timeout_s = options.request_timeout_s;
+  runner.seed = seed;
+  runner.request_id_prefix = absl::StrCat("profile-", seed, "-");
+  auto run = bench::RunWorkload(std::move(channel), *prompts, runner);
+  if (!run.ok()) return run.status();
+  std::vector<bench::RequestRecord> ok;
+  for (const bench::RequestRecord& r : run->records) {
+    if (!r.success) {
+      return absl::UnavailableError(absl::StrCat(
+          "a profiling request (", len, " prompt tokens) failed: ",
+          absl::StatusCodeToString(r.error_code), " ", r.error_message));
+    }
+    ok.push_back(r);
+  }
+  return ok;
+}
+
+void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
+  log << absl::StrFormat(
+      "%s: c0 %.4g, c1 %.4g, c2 %.4g; %d samples, error %.1f%% (held out "
+      "%.1f%%)\n",
+      what, f.model.c0, f.model.c1, f.model.c2, f.samples, 100 * f.mape,
+      100 * f.heldout_mape);
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerProfile> MeasureProfile(
+    std::shared_ptr<grpc::Channel> channel, const ProfileOptions& options,
+    std::ostream& log) {
+  auto shape = ReadCluster(*channel);
+  if (!shape.ok()) return shape.status();
+  WorkerProfile profile;
+  profile.name = options.name;
+  profile.kv_blocks = shape->kv_blocks;
+  profile.block_size = shape->block_size;
+  profile.kv_bytes_per_token = shape->kv_bytes_per_token;
+  profile.max_batch_tokens = options.max_batch_tokens;
+  profile.max_num_seqs = options.max_num_seqs;
+  const int64_t pool_tokens = shape->kv_blocks * shape->block_size;
+
+  std::vector<Sample> prefill, decode, transfer;
+  for (int len : options.prefill_lengths) {
+    if (len + 1 > pool_tokens) continue;
+    auto records = Run(channel, options.prefill_repeats, len, 1, 1,
+                       static_cast<uint64_t>(len), options);
+    if (!records.ok()) return records.status();
+    for (const bench::RequestRecord& r : *records) {
+      const double l = r.prompt_tokens;
+      prefill.push_back({l, l * l, r.server.prefill_ms / 1e3});
+      if (r.server.kv_transfer_bytes > 0 && r.server.kv_transfer_ms > 0) {
+        transfer.push_back({static_cast<double>(r.server.kv_transfer_bytes), 0,
+                            r.server.kv_transfer_ms / 1e3});
+      }
+    }
+    log << "prefill " << len << " tokens: " << prefill.back().y * 1e3
+        << " ms\n";
+  }
+  const int t = options.decode_tokens;
+  for (int context : options.decode_contexts) {
+    for (int batch : options.decode_batches) {
+      if (int64_t{batch} * (context + t) > pool_tokens) continue;
+      auto records =
+          Run(channel, batch, context, t, batch,
+              static_cast<uint64_t>(1000 * batch + context), options);
+      if (!records.ok()) return records.status();
+      std::vector<double> tpot;
+      for (const bench::RequestRecord& r : *records) {
+        if (auto ms = bench::TpotMs(r)) tpot.push_back(*ms);
+      }
+      if (tpot.empty()) continue;
+      std::nth_element(tpot.begin(), tpot.begin() + tpot.size() / 2,
+                       tpot.end());
+      const double step_s = tpot[tpot.size() / 2] / 1e3;
+      decode.push_back({static_cast<double>(batch) * (context + t / 2.0),
+                        1.0 * batch, step_s});
+      log << "decode batch " << batch << ", context " << context << ": "
+          << step_s * 1e3 << " ms per step\n";
+    }
+  }
+
+  auto prefill_fit = FitCostModel(prefill, "prefill", options.max_heldout_mape);
+  if (!prefill_fit.ok()) return prefill_fit.status();
+  LogFit(log, "prefill", *prefill_fit);
+  profile.prefill = prefill_fit->model;
+  auto decode_fit = FitCostModel(decode, "decode", options.max_heldout_mape);
+  if (!decode_fit.ok()) return decode_fit.status();
+  LogFit(log, "decode", *decode_fit);
+  profile.decode = decode_fit->model;
+  if (shape->split) {
+    auto transfer_fit =
+        FitCostModel(transfer, "transfer", options.max_heldout_mape);
+    if (!transfer_fit.ok()) return transfer_fit.status();
+    LogFit(log, "transfer (x1 = bytes)", *transfer_fit);
+    profile.transfer_alpha_s = transfer_fit->model.c0;
+    profile.transfer_bytes_per_s = transfer_fit->model.c1 > 0
+                                       ? 1.0 / transfer_fit->model.c1
+                                       : std::numeric_limits<double>::max();
+    profile.source = absl::StrFormat(
+        "measured by baton-bench profile on a split cluster: prefill "
+        "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%",
+        100 * prefill_fit->heldout_mape, 100 * decode_fit->heldout_mape,
+        100 * transfer_fit->heldout_mape);
+  } else {
+    profile.transfer_alpha_s = 0;
+    profile.transfer_bytes_per_s = 1e12;
+    profile.source = absl::StrFormat(
+        "measured by baton-bench profile on a colocated cluster (no KV "
+        "transfer measured; the transfer fields are placeholders): prefill "
+        "held-out error %.1f%%, decode %.1f%%",
+        100 * prefill_fit->heldout_mape, 100 * decode_fit->heldout_mape);
+  }
+  return profile;
+}
+
+}  // namespace baton::sim

@@ -1,0 +1,56 @@
+// `baton-bench profile`: measures a running cluster's workers and fits the
+// cost profile baton-sim reads (profile.h):
+//   - prefill: one request at a time for each prompt length, max_tokens 1;
+//     the time is the prefill worker's own (PhaseTimings.prefill_ms), so
+//     queueing and RPC hops are not in it; fitted c0 + c1·l + c2·l²;
+//   - decode: B requests at once with prompts of P tokens and T output
+//     tokens each, for each batch B and context P; the step time is the
+//     median of the requests' time per output token, fitted
+//     c0 + c1·Σctx + c2·B with Σctx = B·(P + T/2);
+//   - transfer (split clusters): the prefill requests' KV bytes against the
+//     prefill worker's transfer time (first byte to the last layer's
+//     acknowledgement, which overlaps the prefill), fitted α + bytes/β;
+//     colocated clusters move no KV, and the profile says so;
+//   - the KV pool and layout from GetClusterStatus.
+// Each fit is validated on held-out samples (fit.h); a fit above the limit
+// is an error, not a profile.
+#ifndef BATON_BENCH_SIM_PROFILER_H_
+#define BATON_BENCH_SIM_PROFILER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/sim/profile.h"
+
+namespace baton::sim {
+
+struct ProfileOptions {
+  std::vector<int> prefill_lengths = {32, 64, 128, 256, 512, 1024};
+  int prefill_repeats = 2;
+  std::vector<int> decode_batches = {1, 2, 4, 8, 16};
+  std::vector<int> decode_contexts = {64, 512};
+  int decode_tokens = 32;
+  // The workers' scheduler settings (baton-worker's defaults), which the
+  // profile carries for the simulator.
+  int64_t max_batch_tokens = 512;
+  int64_t max_num_seqs = 64;
+  double max_heldout_mape = 0.10;
+  double request_timeout_s = 600;
+  // The profile's name (what was measured: model, hardware, threads).
+  std::string name;
+};
+
+// Runs the measurements on `channel` (a Baton coordinator), logging each
+// step and fit to `log`.
+absl::StatusOr<WorkerProfile> MeasureProfile(
+    std::shared_ptr<grpc::Channel> channel, const ProfileOptions& options,
+    std::ostream& log);
+
+}  // namespace baton::sim
+
+#endif  // BATON_BENCH_SIM_PROFILER_H_
