@@ -146,7 +146,7 @@ int Profile() {
   if (!profile.ok()) return Fail(profile.status());
   const std::string out = absl::GetFlag(FLAGS_profile_out);
   if (absl::Status s =
-          baton::bench::WriteJsonFile(baton::sim::ProfileJson(*profile), out);
+          baton::bench::WriteJsonFile(baton::ProfileJson(*profile), out);
       !s.ok()) {
     return Fail(s);
   }

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "bench/sim/profile.h"
+#include "worker/engine/cost_profile.h"
 
 namespace baton::sim {
 

@@ -131,14 +131,33 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
           Run(channel, batch, context, t, batch,
               static_cast<uint64_t>(1000 * batch + context), options);
       if (!records.ok()) return records.status();
-      std::vector<double> tpot;
+      // Only the steps in which every request of the batch decodes: after
+      // the last first token and before the first request ends (earlier
+      // steps share the engine with prefills of the others).
+      double start = 0, end = std::numeric_limits<double>::infinity();
       for (const bench::RequestRecord& r : *records) {
-        if (auto ms = bench::TpotMs(r)) tpot.push_back(*ms);
+        const double first = 1e3 * r.send_time_s + r.ttft_ms;
+        double last = first;
+        for (double gap : r.itl_ms) last += gap;
+        start = std::max(start, first);
+        end = std::min(end, last);
       }
-      if (tpot.empty()) continue;
-      std::nth_element(tpot.begin(), tpot.begin() + tpot.size() / 2,
-                       tpot.end());
-      const double step_s = tpot[tpot.size() / 2] / 1e3;
+      std::vector<double> steps;
+      for (const bench::RequestRecord& r : *records) {
+        double at = 1e3 * r.send_time_s + r.ttft_ms;
+        for (double gap : r.itl_ms) {
+          if (at >= start && at + gap <= end) steps.push_back(gap);
+          at += gap;
+        }
+      }
+      if (steps.size() < 3) {
+        log << "decode batch " << batch << ", context " << context
+            << ": skipped (fewer than 3 steps with the whole batch)\n";
+        continue;
+      }
+      std::nth_element(steps.begin(), steps.begin() + steps.size() / 2,
+                       steps.end());
+      const double step_s = steps[steps.size() / 2] / 1e3;
       decode.push_back({static_cast<double>(batch) * (context + t / 2.0),
                         1.0 * batch, step_s});
       log << "decode batch " << batch << ", context " << context << ": "

@@ -5,7 +5,8 @@
 //     queueing and RPC hops are not in it; fitted c0 + c1·l + c2·l²;
 //   - decode: B requests at once with prompts of P tokens and T output
 //     tokens each, for each batch B and context P; the step time is the
-//     median of the requests' time per output token, fitted
+//     median gap between tokens while the whole batch decodes (after the
+//     last request's first token, before the first one ends), fitted
 //     c0 + c1·Σctx + c2·B with Σctx = B·(P + T/2);
 //   - transfer (split clusters): the prefill requests' KV bytes against the
 //     prefill worker's transfer time (first byte to the last layer's
@@ -25,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "bench/sim/profile.h"
+#include "worker/engine/cost_profile.h"
 
 namespace baton::sim {
 
@@ -34,7 +35,7 @@ struct ProfileOptions {
   int prefill_repeats = 2;
   std::vector<int> decode_batches = {1, 2, 4, 8, 16};
   std::vector<int> decode_contexts = {64, 512};
-  int decode_tokens = 32;
+  int decode_tokens = 64;
   // The workers' scheduler settings (baton-worker's defaults), which the
   // profile carries for the simulator.
   int64_t max_batch_tokens = 512;

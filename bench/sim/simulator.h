@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/serving/metrics.h"
-#include "bench/sim/profile.h"
+#include "worker/engine/cost_profile.h"
 #include "coordinator/admission.h"
 
 namespace baton::sim {

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/default_model_test_base.h"
+#include "worker/engine/simulated_runner.h"
 
 namespace baton {
 namespace {
@@ -109,6 +110,36 @@ TEST_F(EngineTest, ReportsItsPrefillRate) {
       Submit(*engine, "a", Chat("Count to ten."), Greedy(4), &results).ok());
   engine->RunUntilIdle();
   EXPECT_GT(engine->stats().prefill_tokens_per_second, 0);
+}
+
+// The simulated runner (baton-worker --engine=simulated) computes nothing
+// and prefers SimulatedToken(position, last token) at every step, through
+// the engine's real scheduler, sampler and KV accounting.
+TEST_F(EngineTest, SimulatedRunnerFollowsItsTokenRule) {
+  WorkerProfile profile;
+  profile.prefill.c1 = 1e-6;
+  profile.decode.c0 = 1e-4;
+  EngineOptions options;
+  options.kv_cache_blocks = 64;
+  options.make_runner = SimulatedRunnerFactory(profile);
+  auto engine = Engine::Create(options, weights_, tokenizer_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> prompt = Chat("Count to ten.");
+  SamplingParams params = Greedy(8);
+  params.ignore_eos = true;
+  std::map<std::string, Result> results;
+  ASSERT_TRUE(Submit(**engine, "s", prompt, params, &results).ok());
+  (*engine)->RunUntilIdle();
+  std::vector<int32_t> expected;
+  int32_t last = prompt.back();
+  for (size_t i = 0; i < 8; ++i) {
+    last = SimulatedToken(static_cast<int64_t>(prompt.size() - 1 + i), last,
+                          weights_->config().vocab_size);
+    expected.push_back(last);
+  }
+  EXPECT_EQ(results["s"].tokens, expected);
+  EXPECT_EQ(results["s"].reason, FinishReason::kLength);
+  ExpectAllBlocksFree(**engine);
 }
 
 TEST_F(EngineTest, StopStringIsNeverEmitted) {

@@ -1,6 +1,7 @@
 // `baton-worker`: one Engine behind the baton.v1.Worker gRPC service.
 //   baton-worker --role=prefill|decode|both --listen=127.0.0.1:PORT
 //                --model=PATH [--device=cpu|cuda:N] [--threads=N]
+//                [--engine=cpu|simulated --profile=FILE]
 //                [--kv_cache_mib=M]
 //                [--kv_listen=127.0.0.1:0] [--coordinator=HOST:PORT]
 //                [--metrics_listen=HOST:PORT]
@@ -39,10 +40,10 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/fault_injecting_runner.h"
 #include "worker/engine/model_bundle.h"
 #include "worker/service/coordinator_membership.h"
 #include "worker/service/device_flag.h"
+#include "worker/service/engine_flags.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/registrar.h"
 #include "worker/service/worker_lifecycle.h"
@@ -90,10 +91,6 @@ ABSL_FLAG(bool, kv_tls, false,
           "TLS 1.3 with --tls_cert/--tls_key/--tls_ca (every worker of a "
           "cluster sets it alike); off: the KV payload crosses the network "
           "in the clear, authenticated per transfer but not encrypted");
-ABSL_FLAG(int64_t, fault_after_steps, 0,
-          "fault injection for tests: the engine's runner fails every step "
-          "from this one on (the warm-up's steps count), as after a device "
-          "fault; 0: off");
 ABSL_FLAG(std::string, fault, "",
           "fault injection for tests: POINT:ACTION[@N],... makes the N-th "
           "hit (default 1, counted after the warm-up) of a fault point crash "
@@ -282,10 +279,11 @@ int Main() {
     engine_options.make_runner = MakeCudaRunnerFactory(cuda);
   }
 #endif
-  if (absl::GetFlag(FLAGS_fault_after_steps) > 0) {
-    engine_options.make_runner =
-        FaultInjectingRunnerFactory(std::move(engine_options.make_runner),
-                                    absl::GetFlag(FLAGS_fault_after_steps));
+  if (absl::Status s = ApplyEngineFlags(device->kind != DeviceSpec::Kind::kCpu,
+                                        &engine_options);
+      !s.ok()) {
+    Log(std::string(s.message()));
+    return 2;
   }
   auto engine = Engine::Create(engine_options, bundle->weights.get(),
                                bundle->tokenizer.get());

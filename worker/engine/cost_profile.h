@@ -1,4 +1,5 @@
-// A worker's cost model, as baton-sim reads it from a small JSON file: how
+// A worker's cost model, as baton-sim and the simulated engine
+// (baton-worker --engine=simulated) read it from a small JSON file: how
 // long a prefill, a decode step and a KV transfer take on some hardware.
 //
 //   {
@@ -17,8 +18,8 @@
 // B sequences with contexts ctx_i takes c0 + c1·Σctx + c2·B; a KV transfer
 // of b bytes alpha_s + b / bytes_per_s. Every coefficient is >= 0, so each
 // time grows with its arguments.
-#ifndef BATON_BENCH_SIM_PROFILE_H_
-#define BATON_BENCH_SIM_PROFILE_H_
+#ifndef BATON_WORKER_ENGINE_COST_PROFILE_H_
+#define BATON_WORKER_ENGINE_COST_PROFILE_H_
 
 #include <cstdint>
 #include <span>
@@ -27,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
-namespace baton::sim {
+namespace baton {
 
 struct CostModel {
   double c0 = 0;
@@ -65,6 +66,6 @@ double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch);
 double TransferSeconds(const WorkerProfile& p, int64_t tokens);
 
-}  // namespace baton::sim
+}  // namespace baton
 
-#endif  // BATON_BENCH_SIM_PROFILE_H_
+#endif  // BATON_WORKER_ENGINE_COST_PROFILE_H_

@@ -1,11 +1,11 @@
-#include "bench/sim/profile.h"
+#include "worker/engine/cost_profile.h"
 
 #include <cmath>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 
-namespace baton::sim {
+namespace baton {
 namespace {
 
 using Json = nlohmann::json;
@@ -151,4 +151,4 @@ double TransferSeconds(const WorkerProfile& p, int64_t tokens) {
                                   p.transfer_bytes_per_s;
 }
 
-}  // namespace baton::sim
+}  // namespace baton

@@ -1,0 +1,113 @@
+#include "worker/engine/simulated_runner.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+
+namespace baton {
+namespace {
+
+class SimulatedRunner : public ForwardRunner {
+ public:
+  SimulatedRunner(WorkerProfile profile, const ModelConfig& config,
+                  KvCache* cache)
+      : profile_(std::move(profile)), config_(config), cache_(cache) {}
+
+  absl::Status Forward(std::span<const ForwardItem> items,
+                       std::vector<float>* logits,
+                       const LayerDoneFn& on_layer_done) override {
+    std::vector<int64_t> prompt_lengths;
+    int64_t decode_batch = 0, context = 0, rows = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const ForwardItem& item = items[i];
+      if (item.table == nullptr || item.tokens.empty() ||
+          item.start_pos != item.table->num_tokens()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "item ", i, ": start_pos ", item.start_pos,
+            " must equal the tokens its cache holds, with tokens to feed"));
+      }
+      const int64_t n = static_cast<int64_t>(item.tokens.size());
+      if (n == 1 && item.start_pos > 0) {
+        ++decode_batch;
+        context += item.start_pos + 1;
+      } else {
+        prompt_lengths.push_back(n);
+      }
+      rows += item.logits == LogitsMode::kNone   ? 0
+              : item.logits == LogitsMode::kLast ? 1
+                                                 : n;
+    }
+    double seconds = 0;
+    if (!prompt_lengths.empty()) {
+      seconds += PrefillSeconds(profile_, prompt_lengths);
+    }
+    if (decode_batch > 0) {
+      seconds += DecodeSeconds(profile_, context, decode_batch);
+    }
+    const int64_t layers = std::max<int64_t>(1, config_.num_layers);
+    for (int64_t l = 0; l < layers; ++l) {
+      absl::SleepFor(absl::Seconds(seconds / static_cast<double>(layers)));
+      if (on_layer_done) on_layer_done(l);
+    }
+    for (const ForwardItem& item : items) {
+      BATON_RETURN_IF_ERROR(cache_->SetNumTokens(
+          *item.table,
+          item.start_pos + static_cast<int64_t>(item.tokens.size())));
+    }
+    const int64_t vocab = config_.vocab_size;
+    logits->assign(static_cast<size_t>(rows * vocab), 0.0f);
+    int64_t row = 0;
+    for (const ForwardItem& item : items) {
+      const int64_t n = static_cast<int64_t>(item.tokens.size());
+      const int64_t first = item.logits == LogitsMode::kAll    ? 0
+                            : item.logits == LogitsMode::kLast ? n - 1
+                                                               : n;
+      for (int64_t j = first; j < n; ++j, ++row) {
+        const int32_t token =
+            SimulatedToken(item.start_pos + j, item.tokens[j], vocab);
+        (*logits)[static_cast<size_t>(row * vocab + token)] = 10.0f;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const WorkerProfile profile_;
+  const ModelConfig config_;
+  KvCache* const cache_;
+};
+
+}  // namespace
+
+int32_t SimulatedToken(int64_t position, int32_t last_token,
+                       int64_t vocab_size) {
+  uint64_t x = static_cast<uint64_t>(position) * 0x9e3779b97f4a7c15ULL ^
+               static_cast<uint64_t>(static_cast<uint32_t>(last_token));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 29;
+  const int64_t low = vocab_size / 4;
+  return static_cast<int32_t>(
+      low + static_cast<int64_t>(x % static_cast<uint64_t>(vocab_size - low)));
+}
+
+ForwardRunnerFactory SimulatedRunnerFactory(WorkerProfile profile) {
+  return [profile = std::move(profile)](const ModelWeights* weights,
+                                        KvCache* cache, ThreadPool* /*pool*/)
+             -> absl::StatusOr<std::unique_ptr<ForwardRunner>> {
+    if (weights == nullptr || cache == nullptr) {
+      return absl::InvalidArgumentError(
+          "simulated runner: weights (for the model's shape) and cache are "
+          "required");
+    }
+    return std::make_unique<SimulatedRunner>(profile, weights->config(), cache);
+  };
+}
+
+}  // namespace baton

@@ -1,0 +1,30 @@
+// A runner that computes nothing, for control-plane load on the real
+// coordinator and workers (baton-worker --engine=simulated --profile=FILE):
+// each Forward sleeps for the time a cost profile predicts for its batch
+// (prefill items: the uncached prompt tokens of each; decode items: one
+// token each, at its context), releasing the layers at an even pace so KV
+// handoffs stream as they would, and writes logits whose largest entry is
+// SimulatedToken of the item's position and last token. The engine, its
+// scheduler, KV accounting, sampling and transports run as usual; the KV
+// blocks hold whatever the pool held (no model state is computed).
+#ifndef BATON_WORKER_ENGINE_SIMULATED_RUNNER_H_
+#define BATON_WORKER_ENGINE_SIMULATED_RUNNER_H_
+
+#include <cstdint>
+
+#include "worker/engine/cost_profile.h"
+#include "worker/engine/forward_runner.h"
+
+namespace baton {
+
+ForwardRunnerFactory SimulatedRunnerFactory(WorkerProfile profile);
+
+// The token the simulated model prefers after `last_token` at `position`:
+// a mix of both, in the upper three quarters of the vocabulary (clear of
+// the special and byte tokens at its start).
+int32_t SimulatedToken(int64_t position, int32_t last_token,
+                       int64_t vocab_size);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ENGINE_SIMULATED_RUNNER_H_

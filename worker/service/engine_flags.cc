@@ -1,0 +1,67 @@
+#include "worker/service/engine_flags.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cost_profile.h"
+#include "worker/engine/fault_injecting_runner.h"
+#include "worker/engine/simulated_runner.h"
+
+ABSL_FLAG(std::string, engine, "cpu",
+          "cpu: compute with the model; simulated: compute nothing and take "
+          "the time --profile predicts for each step (control-plane load "
+          "tests)");
+ABSL_FLAG(int64_t, fault_after_steps, 0,
+          "fault injection for tests: the engine's runner fails every step "
+          "from this one on (the warm-up's steps count), as after a device "
+          "fault; 0: off");
+ABSL_FLAG(std::string, profile, "",
+          "with --engine=simulated: the cost profile (JSON, as baton-sim "
+          "reads; e.g. from baton-bench profile)");
+
+namespace baton {
+
+namespace {
+
+absl::Status ApplySimulatedEngine(bool on_device, EngineOptions* options) {
+  const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "cpu") return absl::OkStatus();
+  if (engine != "simulated") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--engine must be cpu or simulated, got '", engine, "'"));
+  }
+  if (on_device) {
+    return absl::InvalidArgumentError(
+        "--engine=simulated computes nothing: leave --device at cpu");
+  }
+  if (absl::GetFlag(FLAGS_profile).empty()) {
+    return absl::InvalidArgumentError(
+        "--engine=simulated needs --profile=FILE");
+  }
+  absl::StatusOr<WorkerProfile> profile =
+      LoadProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile: ", profile.status().message()));
+  }
+  options->make_runner = SimulatedRunnerFactory(*std::move(profile));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyEngineFlags(bool on_device, EngineOptions* options) {
+  if (absl::Status s = ApplySimulatedEngine(on_device, options); !s.ok()) {
+    return s;
+  }
+  if (absl::GetFlag(FLAGS_fault_after_steps) > 0) {
+    options->make_runner =
+        FaultInjectingRunnerFactory(std::move(options->make_runner),
+                                    absl::GetFlag(FLAGS_fault_after_steps));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,23 @@
+// baton-worker --engine=cpu|simulated [--profile=FILE] and
+// --fault_after_steps=N: what the engine's steps run on. `cpu` (the
+// default) keeps the runner --device chose;
+// `simulated` computes nothing and sleeps for the time the cost profile
+// predicts (worker/engine/simulated_runner.h), so one machine can run dozens
+// of workers against a real coordinator. --fault_after_steps wraps either in
+// a runner that fails from its N-th step (tests of the device-fault path).
+#ifndef BATON_WORKER_SERVICE_ENGINE_FLAGS_H_
+#define BATON_WORKER_SERVICE_ENGINE_FLAGS_H_
+
+#include "absl/status/status.h"
+#include "worker/engine/engine.h"
+
+namespace baton {
+
+// Applies --engine and --profile to `options` (after --device set its
+// runner). InvalidArgument naming the flag for an unknown engine, a
+// missing or bad profile, or a simulated engine on a device.
+absl::Status ApplyEngineFlags(bool on_device, EngineOptions* options);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_SERVICE_ENGINE_FLAGS_H_
