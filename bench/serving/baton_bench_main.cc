@@ -5,6 +5,8 @@
 //   baton-bench --server=HOST:PORT [--dataset-name=random|sharegpt] ...
 //   baton-bench profile --server=HOST:PORT [--profile_out=FILE]
 //               [--profile_name=TEXT]   (a cost profile for baton-sim)
+//   baton-bench plan --profile=FILE --workers=N --goodput="ttft:MS tpot:MS"
+//               [workload flags or --trace=CSV]   (the best P:D split)
 //
 // Exit status: 0 every request completed; 1 none did, or the server could
 // not be used (also a flag value absl cannot parse, e.g. --request-rate=x);
@@ -32,7 +34,9 @@
 #include "bench/serving/bench.h"
 #include "bench/serving/report.h"
 #include "bench/serving/runner.h"
+#include "bench/sim/planner.h"
 #include "bench/sim/profiler.h"
+#include "bench/sim/workload.h"
 #include "common/auth/bearer_interceptor.h"
 #include "common/auth/client_flags.h"
 
@@ -92,6 +96,12 @@ ABSL_FLAG(double, max_duration_s, 0,
 ABSL_FLAG(double, connect_timeout_s, 10, "wait this long for the server");
 ABSL_FLAG(bool, progress, false,
           "show the progress bar on stderr even when it is not a terminal");
+ABSL_FLAG(std::string, profile, "",
+          "plan: the workers' cost profile (JSON; baton-bench profile)");
+ABSL_FLAG(int32_t, workers, 2, "plan: the worker budget to split");
+ABSL_FLAG(std::string, trace, "",
+          "plan: a CSV trace instead of random arrivals (bench/sim/"
+          "workload.h)");
 ABSL_FLAG(std::string, profile_out, "profile.json",
           "profile: where the fitted cost profile goes (baton-sim --profile)");
 ABSL_FLAG(std::string, profile_name, "",
@@ -154,6 +164,43 @@ int Profile() {
   return 0;
 }
 
+// `baton-bench plan`: simulates every split of --workers for the workload
+// and the SLOs, and recommends the one with the best goodput
+// (bench/sim/planner.h).
+int Plan(const std::string& slo_spec) {
+  if (absl::GetFlag(FLAGS_profile).empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "plan: --profile=FILE is required (a cost profile, e.g. from "
+        "baton-bench profile)"));
+  }
+  auto profile = baton::LoadProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) return Fail(profile.status());
+  auto slo = baton::bench::ParseSlo(slo_spec);
+  if (!slo.ok()) return Fail(slo.status());
+  baton::sim::WorkloadOptions workload;
+  workload.trace = absl::GetFlag(FLAGS_trace);
+  workload.num_prompts = absl::GetFlag(FLAGS_num_prompts);
+  workload.request_rate = absl::GetFlag(FLAGS_request_rate);
+  workload.burstiness = absl::GetFlag(FLAGS_burstiness);
+  workload.input_len = absl::GetFlag(FLAGS_random_input_len);
+  workload.output_len = absl::GetFlag(FLAGS_random_output_len);
+  workload.range_ratio = absl::GetFlag(FLAGS_random_range_ratio);
+  workload.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  auto requests = baton::sim::MakeWorkload(workload);
+  if (!requests.ok()) return Fail(requests.status());
+  baton::sim::PlanOptions options;
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.base.profile = *profile;
+  options.requests = *std::move(requests);
+  options.slo = *slo;
+  auto plan = baton::sim::MakePlan(options);
+  if (!plan.ok()) return Fail(plan.status());
+  std::cout << "workload: " << options.requests.size()
+            << " requests; profile: " << profile->name << "\n"
+            << baton::sim::FormatPlan(*plan, *slo);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +216,13 @@ int main(int argc, char** argv) {
 
   if (positional.size() > 1 && std::string(positional[1]) == "profile") {
     return Profile();
+  }
+  if (positional.size() > 1 && std::string(positional[1]) == "plan") {
+    std::string slo = absl::GetFlag(FLAGS_goodput);
+    for (size_t i = 2; i < positional.size(); ++i) {
+      absl::StrAppend(&slo, " ", positional[i]);
+    }
+    return Plan(slo);
   }
   baton::bench::BenchOptions o;
   o.goodput = absl::GetFlag(FLAGS_goodput);

@@ -11,31 +11,23 @@
 //             [--goodput="ttft:MS tpot:MS"] [--metric_percentiles=50,90,99]
 //             [--seed=N] [--save_result --result_filename=FILE]
 //
-// A trace is a CSV file with a header: either `timestamp_s,input_len,
-// output_len` (seconds from the start), or Azure's LLM inference trace
-// columns `TIMESTAMP,ContextTokens,GeneratedTokens` (TIMESTAMP as
-// "2023-11-16 18:15:46.6805900"; times are taken relative to the first).
+// Trace formats: bench/sim/workload.h.
 #include <sys/resource.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "bench/serving/arrivals.h"
 #include "bench/serving/metrics.h"
 #include "bench/serving/report.h"
 #include "bench/sim/simulator.h"
+#include "bench/sim/workload.h"
 
 ABSL_FLAG(std::string, profile, "", "worker cost profile (JSON; profile.h)");
 ABSL_FLAG(std::string, shape, "1P1D", "workers by role, e.g. 1P1D, 2C, 4P12D");
@@ -68,80 +60,6 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
-absl::StatusOr<std::vector<SimRequest>> ReadTrace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::string line;
-  std::getline(in, line);
-  const bool azure = line.rfind("TIMESTAMP", 0) == 0;
-  if (!azure && line.rfind("timestamp_s", 0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path,
-                     ": header must be timestamp_s,input_len,output_len or "
-                     "TIMESTAMP,ContextTokens,GeneratedTokens"));
-  }
-  std::vector<SimRequest> out;
-  absl::Time first = absl::InfinitePast();
-  for (int row = 2; std::getline(in, line); ++row) {
-    if (line.empty()) continue;
-    std::vector<std::string> f = absl::StrSplit(line, ',');
-    SimRequest r;
-    bool ok = f.size() == 3 && absl::SimpleAtoi(f[1], &r.input_len) &&
-              absl::SimpleAtoi(f[2], &r.output_len);
-    if (ok && azure) {
-      absl::Time t;
-      std::string error;
-      ok = absl::ParseTime("%Y-%m-%d %H:%M:%E*S", f[0], &t, &error);
-      if (first == absl::InfinitePast()) first = t;
-      r.arrival_s = absl::ToDoubleSeconds(t - first);
-    } else if (ok) {
-      ok = absl::SimpleAtod(f[0], &r.arrival_s);
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", row, ": cannot read '", line, "'"));
-    }
-    out.push_back(r);
-  }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const SimRequest& a, const SimRequest& b) {
-                     return a.arrival_s < b.arrival_s;
-                   });
-  return out;
-}
-
-absl::StatusOr<std::vector<SimRequest>> Workload() {
-  if (!absl::GetFlag(FLAGS_trace).empty()) {
-    return ReadTrace(absl::GetFlag(FLAGS_trace));
-  }
-  bench::ArrivalOptions arrivals;
-  arrivals.request_rate = absl::GetFlag(FLAGS_request_rate);
-  arrivals.burstiness = absl::GetFlag(FLAGS_burstiness);
-  const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  auto offsets =
-      bench::ArrivalOffsets(absl::GetFlag(FLAGS_num_prompts), arrivals, seed);
-  if (!offsets.ok()) return offsets.status();
-  const double ratio = absl::GetFlag(FLAGS_random_range_ratio);
-  if (!(ratio >= 0 && ratio < 1)) {
-    return absl::InvalidArgumentError("--random_range_ratio: in [0, 1)");
-  }
-  std::mt19937_64 rng(seed ^ 0x5eedULL);
-  auto length = [&](int32_t mean) {
-    const auto lo = std::max<int64_t>(1, std::llround(mean * (1 - ratio)));
-    const auto hi = std::max<int64_t>(lo, std::llround(mean * (1 + ratio)));
-    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-  };
-  std::vector<SimRequest> out;
-  for (double t : *offsets) {
-    SimRequest r;
-    r.arrival_s = t;
-    r.input_len = length(absl::GetFlag(FLAGS_random_input_len));
-    r.output_len = length(absl::GetFlag(FLAGS_random_output_len));
-    out.push_back(r);
-  }
-  return out;
-}
-
 int Main() {
   SimOptions options;
   if (absl::Status s = ParseShape(absl::GetFlag(FLAGS_shape), &options);
@@ -164,7 +82,16 @@ int Main() {
   auto percentiles =
       bench::ParsePercentiles(absl::GetFlag(FLAGS_metric_percentiles));
   if (!percentiles.ok()) return Fail(percentiles.status());
-  auto requests = Workload();
+  WorkloadOptions workload;
+  workload.trace = absl::GetFlag(FLAGS_trace);
+  workload.num_prompts = absl::GetFlag(FLAGS_num_prompts);
+  workload.request_rate = absl::GetFlag(FLAGS_request_rate);
+  workload.burstiness = absl::GetFlag(FLAGS_burstiness);
+  workload.input_len = absl::GetFlag(FLAGS_random_input_len);
+  workload.output_len = absl::GetFlag(FLAGS_random_output_len);
+  workload.range_ratio = absl::GetFlag(FLAGS_random_range_ratio);
+  workload.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  auto requests = MakeWorkload(workload);
   if (!requests.ok()) return Fail(requests.status());
 
   const auto start = std::chrono::steady_clock::now();

@@ -31,8 +31,8 @@
 
 #include "absl/status/statusor.h"
 #include "bench/serving/metrics.h"
-#include "worker/engine/cost_profile.h"
 #include "coordinator/admission.h"
+#include "worker/engine/cost_profile.h"
 
 namespace baton::sim {
 
