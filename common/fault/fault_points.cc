@@ -15,8 +15,8 @@
 namespace baton {
 
 const std::vector<absl::string_view>& KnownFaultPoints() {
-  static const std::vector<absl::string_view> points = {kFaultPrefillStep,
-                                                        kFaultDecodeStep};
+  static const std::vector<absl::string_view> points = {
+      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent};
   return points;
 }
 

@@ -40,6 +40,11 @@ inline constexpr absl::string_view kFaultPrefillStep = "prefill_step";
 // Engine step whose batch decodes (one token of a running sequence), before
 // the model runs.
 inline constexpr absl::string_view kFaultDecodeStep = "decode_step";
+// A KV handoff's sender has sent one layer to the decode worker (the
+// sender's thread, after the layer left): `stop@N` pauses the prefill
+// worker with N layers sent, mid-transfer; `error` fails the handoff there;
+// `crash` kills the prefill worker there.
+inline constexpr absl::string_view kFaultKvLayerSent = "kv_layer_sent";
 
 // Every point above; a spec naming another is refused.
 const std::vector<absl::string_view>& KnownFaultPoints();

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 
 namespace baton {
 namespace {
@@ -106,6 +107,7 @@ void KvHandoff::Run() {
     }
     status = sink->SendLayerChunks(layer, chunks, gate_);
     bytes += chunks.size() * chunk;
+    if (status.ok()) status = FaultPoints::Global().Hit(kFaultKvLayerSent);
   }
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
