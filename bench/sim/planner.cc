@@ -21,6 +21,9 @@ absl::StatusOr<PlanRow> Evaluate(const PlanOptions& options, int prefill,
   const bench::BenchMetrics m =
       bench::ComputeMetrics(result->records, options.slo, {90});
   PlanRow row;
+  row.prefill = prefill;
+  row.decode = decode;
+  row.both = both;
   row.shape = both > 0 ? absl::StrCat(both, "C")
                        : absl::StrCat(prefill, "P", decode, "D");
   row.goodput = m.request_goodput;
@@ -37,16 +40,6 @@ absl::StatusOr<PlanRow> Evaluate(const PlanOptions& options, int prefill,
   return row;
 }
 
-struct Shape {
-  int prefill, decode, both;
-};
-
-Shape ParsedShape(const std::string& shape) {
-  SimOptions o;
-  (void)ParseShape(shape, &o);
-  return {o.prefill, o.decode, o.both};
-}
-
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const PlanOptions& options) {
@@ -61,14 +54,12 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& options) {
   if (options.requests.empty()) {
     return absl::InvalidArgumentError("plan: no requests in the workload");
   }
-  std::vector<Shape> shapes = {{0, 0, options.workers}};
-  for (int p = 1; p < options.workers; ++p) {
-    shapes.push_back({p, options.workers - p, 0});
-  }
   Plan plan;
-  for (const Shape& s : shapes) {
+  for (int p = 0; p < options.workers; ++p) {
+    // p == 0: every worker colocated; else p prefill, the rest decode.
     absl::StatusOr<PlanRow> row =
-        Evaluate(options, s.prefill, s.decode, s.both, 1.0);
+        p == 0 ? Evaluate(options, 0, 0, options.workers, 1.0)
+               : Evaluate(options, p, options.workers - p, 0, 1.0);
     if (!row.ok()) return row.status();
     plan.rows.push_back(*row);
   }
@@ -76,11 +67,11 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& options) {
       plan.rows.begin(), plan.rows.end(),
       [](const PlanRow& a, const PlanRow& b) { return a.goodput > b.goodput; });
   for (size_t i = 0; i < std::min<size_t>(2, plan.rows.size()); ++i) {
-    const Shape s = ParsedShape(plan.rows[i].shape);
+    const PlanRow best = plan.rows[i];
     for (auto [scale, out] : {std::pair{0.8, &plan.at_80_percent},
                               std::pair{1.2, &plan.at_120_percent}}) {
       absl::StatusOr<PlanRow> row =
-          Evaluate(options, s.prefill, s.decode, s.both, scale);
+          Evaluate(options, best.prefill, best.decode, best.both, scale);
       if (!row.ok()) return row.status();
       out->push_back(*row);
     }

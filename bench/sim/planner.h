@@ -25,8 +25,9 @@ struct PlanOptions {
 };
 
 struct PlanRow {
-  std::string shape;      // "2C", "1P1D", ...
-  double goodput = 0;     // requests/s meeting every SLO
+  std::string shape;                      // "2C", "1P1D", ...
+  int prefill = 0, decode = 0, both = 0;  // the same, as counts
+  double goodput = 0;                     // requests/s meeting every SLO
   double attainment = 0;  // of the requests, the fraction that did
   double throughput = 0;  // completed requests/s
   double ttft_p90_ms = 0;
