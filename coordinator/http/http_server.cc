@@ -87,8 +87,9 @@ absl::StatusOr<std::shared_ptr<asio::ssl::context>> MakeTlsContext(
 
 struct HttpServer::Impl {
   Impl(const HttpServerOptions& o, HttpHandler h)
-      : options(o),
-        handler(std::move(h)),
+      : home(std::make_shared<SessionHome>(o, std::move(h))),
+        options(home->options),
+        io(home->io),
         acceptor(asio::make_strand(io)),
         retry_timer(acceptor.get_executor()) {}
 
@@ -103,12 +104,11 @@ struct HttpServer::Impl {
               std::make_shared<TlsHttpSession>(
                   boost::beast::ssl_stream<boost::beast::tcp_stream>(
                       boost::beast::tcp_stream(std::move(socket)), *context),
-                  options, handler, busy, context)
+                  home, context)
                   ->Run();
             } else {
               std::make_shared<PlainHttpSession>(
-                  boost::beast::tcp_stream(std::move(socket)), options, handler,
-                  busy)
+                  boost::beast::tcp_stream(std::move(socket)), home)
                   ->Run();
             }
             return Accept();
@@ -142,15 +142,15 @@ struct HttpServer::Impl {
     return tls_context;
   }
 
-  const HttpServerOptions options;
-  const HttpHandler handler;
+  // The io_context, options, handler and busy count, co-owned by every
+  // session (a handler may hold one past the server's end).
+  const std::shared_ptr<SessionHome> home;
+  const HttpServerOptions& options;
+  SessionHome::Io& io;
   std::shared_ptr<asio::ssl::context> tls_context;
   std::string tls_stamp;
   absl::Time next_tls_look;
-  // Before `io`: sessions destroyed with it still count themselves out.
-  std::atomic<int> busy{0};
   std::atomic<bool> accepting{true};
-  asio::io_context io;
   tcp::acceptor acceptor;
   asio::steady_timer retry_timer;
   std::vector<std::thread> threads;
@@ -226,13 +226,16 @@ void HttpServer::Stop(absl::Duration flush) {
   impl_->stopped = true;
   StopAccepting();
   const absl::Time deadline = absl::Now() + flush;
-  while (impl_->busy.load() > 0 && absl::Now() < deadline) {
+  while (impl_->home->busy.load() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   impl_->io.stop();
   for (std::thread& t : impl_->threads) t.join();
   boost::system::error_code ignored;
   impl_->acceptor.close(ignored);
+  // Frees the connections that only queued handlers held; those whose
+  // exchange a handler still holds go when it lets go.
+  impl_->home->Shutdown();
 }
 
 }  // namespace baton::http

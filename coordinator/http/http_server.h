@@ -97,7 +97,8 @@ class HttpServer {
   // StopAccepting, then waits up to `flush` for every connection that owes
   // a response to finish writing it, then stops the I/O threads (what is
   // still queued is dropped). Idempotent. Exchanges may still be called
-  // afterwards (dropped) until the server is destroyed.
+  // and released afterwards, from any thread, also after the server is
+  // destroyed (the calls are dropped).
   void Stop(absl::Duration flush);
 
  private:

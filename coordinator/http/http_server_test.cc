@@ -30,7 +30,8 @@ using ::testing::HasSubstr;
 
 // Routes: /echo answers the body; /stream sends "a", "bb", "ccc" as chunks
 // from another thread; /big streams 64 chunks of 1 MiB; /hold streams one
-// chunk and then nothing until the client leaves.
+// chunk and then nothing until the client leaves; /keep streams one chunk
+// and hands its exchange to the test.
 class HttpServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -70,6 +71,11 @@ class HttpServerTest : public ::testing::Test {
       ex->StartStream(200, "application/octet-stream");
       for (int i = 0; i < 64; ++i) ex->Write(std::string(1 << 20, 'x'));
       ex->EndStream();
+    } else if (request.path == "/keep") {
+      ex->StartStream(200, "text/event-stream");
+      ex->Write("data: first\n\n");
+      kept_ = std::move(ex);
+      kept_ready_.Notify();
     } else if (request.path == "/hold") {
       ex->SetOnDisconnect([this] { disconnected_.Notify(); });
       ex->StartStream(200, "text/event-stream");
@@ -106,6 +112,8 @@ class HttpServerTest : public ::testing::Test {
   int port_ = 0;
   std::vector<std::thread> workers_;
   absl::Notification disconnected_;
+  std::shared_ptr<HttpExchange> kept_;
+  absl::Notification kept_ready_;
 };
 
 TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
@@ -150,6 +158,29 @@ TEST_F(HttpServerTest, StreamsChunksThenServesTheNextRequest) {
   EXPECT_EQ(res[bhttp::field::content_type], "text/event-stream");
   EXPECT_EQ(res.body(), "abbccc");
   EXPECT_EQ(Exchange(socket, bhttp::verb::get, "/echo").body(), "GET ");
+}
+
+// A handler may hold an exchange past the server's end (a Generate call
+// finishing on another thread): calling and releasing it then is harmless,
+// also on another thread (ASan and TSan watch this).
+TEST_F(HttpServerTest, AnExchangeMayOutliveTheServer) {
+  tcp::socket socket = Connect();
+  bhttp::request<bhttp::empty_body> req{bhttp::verb::get, "/keep", 11};
+  bhttp::write(socket, req);
+  bhttp::response_parser<bhttp::string_body> parser;
+  bhttp::read_header(socket, buffer_, parser);
+  EXPECT_EQ(parser.get().result_int(), 200u);
+  ASSERT_TRUE(kept_ready_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::shared_ptr<HttpExchange> exchange = std::move(kept_);
+  std::thread writer([exchange] {
+    for (int i = 0; i < 200; ++i) exchange->Write("data: more\n\n");
+  });
+  server_.reset();
+  writer.join();
+  exchange->EndStream();
+  std::thread([exchange = std::move(exchange)]() mutable {
+    exchange.reset();
+  }).join();
 }
 
 TEST_F(HttpServerTest, BodyOverTheLimitIs413) {

@@ -36,17 +36,51 @@ bool IsParseError(const beast::error_code& ec) {
 
 }  // namespace
 
+void SessionHome::Shutdown() {
+  shutter_.store(std::this_thread::get_id());
+  {
+    absl::WriterMutexLock lock(&mu_);
+    io.shutdown();
+  }
+  shutter_.store(std::thread::id());
+}
+
+GatedExchange::~GatedExchange() {
+  home_->Guarded([this] { session_.reset(); });
+}
+
+void GatedExchange::Respond(int status, std::string content_type,
+                            std::string body, HttpHeaders headers) {
+  home_->Guarded([&] {
+    session_->Respond(status, std::move(content_type), std::move(body),
+                      std::move(headers));
+  });
+}
+
+void GatedExchange::StartStream(int status, std::string content_type) {
+  home_->Guarded(
+      [&] { session_->StartStream(status, std::move(content_type)); });
+}
+
+void GatedExchange::Write(std::string data) {
+  home_->Guarded([&] { session_->Write(std::move(data)); });
+}
+
+void GatedExchange::EndStream() {
+  home_->Guarded([&] { session_->EndStream(); });
+}
+
+void GatedExchange::SetOnDisconnect(std::function<void()> callback) {
+  home_->Guarded([&] { session_->SetOnDisconnect(std::move(callback)); });
+}
+
 template <typename Stream>
 HttpSession<Stream>::HttpSession(Stream stream,
-                                 const HttpServerOptions& options,
-                                 const HttpHandler& handler,
-                                 std::atomic<int>& busy,
+                                 std::shared_ptr<SessionHome> home,
                                  std::shared_ptr<asio::ssl::context> tls)
-    : tls_(std::move(tls)),
-      stream_(std::move(stream)),
-      options_(options),
-      handler_(handler),
-      busy_(busy) {}
+    : home_(std::move(home)),
+      tls_(std::move(tls)),
+      stream_(std::move(stream)) {}
 
 template <typename Stream>
 HttpSession<Stream>::~HttpSession() {
@@ -164,7 +198,8 @@ void HttpSession<Stream>::OnRead(beast::error_code ec) {
   }
   SetState(State::kHandling);
   Watch();
-  handler_(std::move(request), this->shared_from_this());
+  handler_(std::move(request),
+           std::make_shared<GatedExchange>(this->shared_from_this(), home_));
 }
 
 template <typename Stream>

@@ -11,6 +11,7 @@
 #define BATON_COORDINATOR_HTTP_HTTP_SESSION_H_
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -20,22 +21,84 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/http/http_server.h"
 
 namespace baton::http {
+
+// What the sessions of one server share. Each session co-owns it, so a
+// session that outlives its HttpServer (its exchange still held by a
+// handler finishing on another thread) still finds the io_context's
+// services, the options and the busy count it refers to.
+class SessionHome {
+ public:
+  SessionHome(const HttpServerOptions& options, HttpHandler handler)
+      : options(options), handler(std::move(handler)) {}
+
+  // Once the threads running `io` have been joined: destroys every handler
+  // still queued (what ~io_context does first), and with them the sessions
+  // only they held. Exchanges are inert from then on. Idempotent.
+  void Shutdown();
+  // Runs `f` (an exchange's call, or the release of its session) never at
+  // the same time as Shutdown: Asio forbids touching an I/O object while
+  // its io_context shuts down. On the thread running Shutdown (a queued
+  // handler holding an exchange is being destroyed), runs it at once.
+  template <typename F>
+  void Guarded(F&& f) {
+    if (shutter_.load() == std::this_thread::get_id()) return f();
+    absl::ReaderMutexLock lock(&mu_);
+    f();
+  }
+
+  const HttpServerOptions options;
+  const HttpHandler handler;
+  // Sessions that owe a response (handling or flushing one).
+  std::atomic<int> busy{0};
+
+  class Io : public boost::asio::io_context {
+   public:
+    using boost::asio::io_context::shutdown;
+  };
+  Io io;
+
+ private:
+  absl::Mutex mu_;
+  std::atomic<std::thread::id> shutter_;
+};
+
+// The exchange a handler gets: forwards to its session, and keeps the
+// session's use and release away from SessionHome::Shutdown.
+class GatedExchange final : public HttpExchange {
+ public:
+  GatedExchange(std::shared_ptr<HttpExchange> session,
+                std::shared_ptr<SessionHome> home)
+      : session_(std::move(session)), home_(std::move(home)) {}
+  ~GatedExchange() override;
+
+  void Respond(int status, std::string content_type, std::string body,
+               HttpHeaders headers) override;
+  void StartStream(int status, std::string content_type) override;
+  void Write(std::string data) override;
+  void EndStream() override;
+  void SetOnDisconnect(std::function<void()> callback) override;
+
+ private:
+  std::shared_ptr<HttpExchange> session_;
+  const std::shared_ptr<SessionHome> home_;
+};
 
 template <typename Stream>
 class HttpSession final
     : public HttpExchange,
       public std::enable_shared_from_this<HttpSession<Stream>> {
  public:
-  // `options`, `handler` and `busy` must outlive the session. `busy`
-  // counts the sessions that owe a response (handling or flushing one).
-  // `tls` (TLS streams only) is the context `stream` was made with.
-  HttpSession(Stream stream, const HttpServerOptions& options,
-              const HttpHandler& handler, std::atomic<int>& busy,
+  // `stream` runs on a strand of home->io. `tls` (TLS streams only) is the
+  // context `stream` was made with.
+  HttpSession(Stream stream, std::shared_ptr<SessionHome> home,
               std::shared_ptr<boost::asio::ssl::context> tls = nullptr);
   ~HttpSession() override;
   // Starts reading the first request (after the TLS handshake).
@@ -84,12 +147,14 @@ class HttpSession final
   void Linger();
   void Close();
 
+  // Before everything that refers to it: destroyed last.
+  const std::shared_ptr<SessionHome> home_;
+  const HttpServerOptions& options_ = home_->options;
+  const HttpHandler& handler_ = home_->handler;
+  std::atomic<int>& busy_ = home_->busy;
   // Before stream_, which refers to it.
   const std::shared_ptr<boost::asio::ssl::context> tls_;
   Stream stream_;
-  const HttpServerOptions& options_;
-  const HttpHandler& handler_;
-  std::atomic<int>& busy_;
   boost::beast::flat_buffer buffer_;
   std::optional<Request> parser_;
   State state_ = State::kReading;
