@@ -197,10 +197,22 @@ WorkerRole PrefillRole(const Candidates& candidates,
   const bool split = std::any_of(
       candidates.begin(), candidates.end(), [&](const WorkerInfo& w) {
         return w.registration.role == WorkerRole::kPrefill &&
-               w.health == WorkerHealth::kHealthy &&
+               (w.health == WorkerHealth::kHealthy ||
+                w.health == WorkerHealth::kSuspect) &&
                w.registration.model_id == model_id;
       });
   return split ? WorkerRole::kPrefill : WorkerRole::kBoth;
+}
+
+bool AnySuspect(const Candidates& candidates, const RequestInfo& request,
+                bool (*in_pool)(WorkerRole)) {
+  return std::any_of(candidates.begin(), candidates.end(),
+                     [&](const WorkerInfo& w) {
+                       return w.health == WorkerHealth::kSuspect &&
+                              in_pool(w.registration.role) &&
+                              w.registration.model_id == request.model_id &&
+                              !IsExcluded(request, w.ref.id);
+                     });
 }
 
 absl::StatusOr<std::vector<const WorkerInfo*>> EligiblePrefill(

@@ -83,10 +83,19 @@ absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
                                           const RequestInfo& request);
 
 // Which workers prefill a request for `model_id`: prefill-role ones when a
-// healthy one serves the model (split serving: the KV then goes to a
-// decode worker), else `both` workers (colocated serving).
+// healthy or suspect one serves the model (split serving: the KV then goes
+// to a decode worker), else `both` workers (colocated serving). A prefill
+// pool whose heartbeats are late does not switch the cluster to colocated
+// serving for a moment.
 WorkerRole PrefillRole(const Candidates& candidates,
                        absl::string_view model_id);
+
+// Whether a worker of the request's model, of a role `in_pool` admits and
+// not excluded by the request, is SUSPECT (heartbeats late, not DOWN): when
+// such a pool has no healthy worker, a request waits for one to be heard
+// from again (up to its queue timeout) rather than failing at once.
+bool AnySuspect(const Candidates& candidates, const RequestInfo& request,
+                bool (*in_pool)(WorkerRole));
 
 // The eligible workers for a phase, in id order, or the UNAVAILABLE /
 // RESOURCE_EXHAUSTED status described above. Shared by the policies.

@@ -141,6 +141,30 @@ TEST(LeastLoadedPolicyTest, NoWorkerOfARoleIsUnavailableNamingThePool) {
             absl::StatusCode::kUnavailable);
 }
 
+// Late heartbeats of the whole prefill pool (the coordinator or its host
+// stalled) neither switch to colocated serving nor fail requests at once:
+// the pool is waited for while a suspect member could serve.
+TEST(RoutingPolicyTest, ASuspectPoolIsWaitedForNotAbandoned) {
+  Candidates c = {
+      Worker("p1", WorkerRole::kPrefill, 0, 0, 100, WorkerHealth::kSuspect),
+      Worker("p2", WorkerRole::kPrefill, 0, 0, 100, WorkerHealth::kDown),
+      Worker("b", WorkerRole::kBoth, 0, 100),
+      Worker("d", WorkerRole::kDecode, 0, 100, 100, WorkerHealth::kSuspect)};
+  EXPECT_EQ(PrefillRole(c, kModel), WorkerRole::kPrefill);
+  auto is_prefill = +[](WorkerRole r) { return r == WorkerRole::kPrefill; };
+  RequestInfo request = Request(10, 10);
+  EXPECT_TRUE(AnySuspect(c, request, is_prefill));
+  EXPECT_TRUE(AnySuspect(c, request, &CanDecode));
+  request.excluded = {"p1"};
+  EXPECT_FALSE(AnySuspect(c, request, is_prefill));
+  request.model_id = "other-model";
+  EXPECT_FALSE(AnySuspect(c, request, &CanDecode));
+  // A prefill pool that is only DOWN or draining: colocated on `both`.
+  c[0].health = WorkerHealth::kDraining;
+  EXPECT_EQ(PrefillRole(c, kModel), WorkerRole::kBoth);
+  EXPECT_FALSE(AnySuspect(c, Request(10, 10), is_prefill));
+}
+
 TEST(LeastLoadedPolicyTest, RejectsBadRequestCounts) {
   auto policy = NewLeastLoadedPolicy();
   Candidates c = {Worker("b", WorkerRole::kBoth, 0, 100)};

@@ -47,21 +47,23 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build build-fuzz -j "$JOBS"
 
 stage main
+# The tests labelled `sanitize` run in the sanitizer trees below, which
+# serve as their test trees: this tree builds, of those, only the binary of
+# the stand-in device runner's single-threaded token checks, which run here
+# only (20-30 s each under ASan, ~90 s under TSan; its threaded
+# host-staging handoff runs under both sanitizers).
+DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
+MAIN_SANITIZE_TESTS=engine_device_runner_test
+if [[ "${BATON_SANITIZERS:-all}" == none ]]; then MAIN_SANITIZE_TESTS=all; fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DBATON_FUZZ_BUILD_DIR="$ROOT/build-fuzz" >/dev/null
+  -DBATON_FUZZ_BUILD_DIR="$ROOT/build-fuzz" \
+  -DBATON_SANITIZE_TESTS="$MAIN_SANITIZE_TESTS" >/dev/null
 cmake --build build -j "$JOBS"
 
-# The stand-in device runner's single-threaded token checks run in the
-# main stage only (20-30 s each under ASan, ~90 s under TSan); its threaded
-# host-staging handoff runs under both sanitizers.
-DEVICE_TOKEN_CHECKS="ShadowRunnerColocatedMatchesCpu|ChunkedPrefillStagesEveryChunksLayers|SkippedStagingChangesTheTokens"
 if [[ "${BATON_SANITIZERS:-all}" == none ]]; then
   (cd build && ctest --output-on-failure -j "$JOBS")
   exit 0
 fi
-# The tests labelled `sanitize` (the concurrent part) run in the ASan tree
-# below, which serves as their test tree: here, only the device token checks
-# among them.
 (cd build && ctest --output-on-failure -j "$JOBS" -LE sanitize)
 (cd build && ctest --output-on-failure -j "$JOBS" -R "$DEVICE_TOKEN_CHECKS")
 export ASAN_OPTIONS="detect_leaks=1"

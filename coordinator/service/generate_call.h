@@ -110,13 +110,15 @@ class GenerateCall final : public CallHandle,
   void AbortInStateMachine(const absl::Status& why);
   // Picks the workers and, for a split request, reserves the decode blocks.
   absl::Status Route();
-  // Picks the prefill worker among those of `role` (prefill_), avoiding
-  // excluded_prefill_.
   // The ids of the `failed` incarnations that are still the registry's
   // current ones (for RequestInfo::excluded).
   std::vector<WorkerId> StillExcluded(
       const std::vector<WorkerRef>& failed) const;
-  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& request);
+  // Picks the prefill worker among those of `role` (prefill_), avoiding
+  // excluded_prefill_; while that pool has no healthy worker but a suspect
+  // one, waits for it until `queue_deadline`.
+  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& request,
+                            absl::Time queue_deadline);
   // Prefill, first token, Decode and the stream to the client.
   absl::Status Serve();
   // AbortInStateMachine, then reports `why` (or the abort that caused it)

@@ -36,7 +36,7 @@ absl::Status GenerateCall::Route() {
     // Split serving when a prefill-only worker is up; otherwise colocated
     // on a `both` worker.
     if (PrefillRole(all, model_id) == WorkerRole::kBoth) {
-      return ClaimPrefill(WorkerRole::kBoth, info);
+      return ClaimPrefill(WorkerRole::kBoth, info, queue_deadline);
     }
 
     int64_t blocks = 0;
@@ -45,7 +45,15 @@ absl::Status GenerateCall::Route() {
       // No decode worker up at all (other than those that failed it).
       if (decode.status().code() == absl::StatusCode::kUnavailable &&
           info.excluded.size() == failed_decode.size()) {
-        return decode.status();
+        // Late heartbeats only (the coordinator, its host or the network
+        // stalled): wait for a decode worker to be heard from again.
+        if (!AnySuspect(all, info, &CanDecode) ||
+            absl::Now() >= queue_deadline) {
+          return decode.status();
+        }
+        if (!Backoff(backoff)) continue;
+        backoff = std::min(backoff * 2, absl::Milliseconds(100));
+        continue;
       }
       int64_t largest = 0;
       int64_t block_size = 0;
@@ -127,7 +135,7 @@ absl::Status GenerateCall::Route() {
     if (rpc.ok()) {
       decode_ = target;
       decode_blocks_ = blocks;
-      return ClaimPrefill(WorkerRole::kPrefill, info);
+      return ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
     }
     cluster_->AddDecodeBlocks(target.ref.id, -blocks);
     // Aborted: the abort edge frees the reservation (the lease stays).
@@ -164,14 +172,31 @@ absl::Status GenerateCall::Route() {
 }
 
 absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
-                                        const RequestInfo& request) {
+                                        const RequestInfo& request,
+                                        absl::Time queue_deadline) {
   RequestInfo info = request;
   info.excluded = StillExcluded(excluded_prefill_);
-  absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
-  if (!prefill.ok()) return prefill.status();
-  prefill_ = *prefill;
-  prefill_tokens_added_ = info.prompt_tokens;
-  return absl::OkStatus();
+  bool (*in_pool)(WorkerRole) =
+      role == WorkerRole::kBoth
+          ? +[](WorkerRole r) { return r == WorkerRole::kBoth; }
+          : +[](WorkerRole r) { return r == WorkerRole::kPrefill; };
+  absl::Duration backoff = absl::Milliseconds(5);
+  while (true) {
+    absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
+    if (prefill.ok()) {
+      prefill_ = *prefill;
+      prefill_tokens_added_ = info.prompt_tokens;
+      return absl::OkStatus();
+    }
+    // As for decode: a pool whose heartbeats are only late is waited for.
+    if (prefill.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() >= queue_deadline ||
+        !AnySuspect(cluster_->RoutingCandidates(), info, in_pool)) {
+      return prefill.status();
+    }
+    if (!Backoff(backoff)) return aborted();
+    backoff = std::min(backoff * 2, absl::Milliseconds(100));
+  }
 }
 
 bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
