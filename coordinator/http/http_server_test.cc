@@ -106,6 +106,16 @@ class HttpServerTest : public ::testing::Test {
     return res;
   }
 
+  // Sends GET `target` and reads only the response's status line and
+  // headers (a stream that the handler keeps open); returns the status.
+  unsigned StartStream(tcp::socket& socket, const std::string& target) {
+    bhttp::request<bhttp::empty_body> req{bhttp::verb::get, target, 11};
+    bhttp::write(socket, req);
+    bhttp::response_parser<bhttp::string_body> parser;
+    bhttp::read_header(socket, buffer_, parser);
+    return parser.get().result_int();
+  }
+
   asio::io_context io_;
   beast::flat_buffer buffer_;
   std::unique_ptr<HttpServer> server_;
@@ -165,11 +175,7 @@ TEST_F(HttpServerTest, StreamsChunksThenServesTheNextRequest) {
 // also on another thread (ASan and TSan watch this).
 TEST_F(HttpServerTest, AnExchangeMayOutliveTheServer) {
   tcp::socket socket = Connect();
-  bhttp::request<bhttp::empty_body> req{bhttp::verb::get, "/keep", 11};
-  bhttp::write(socket, req);
-  bhttp::response_parser<bhttp::string_body> parser;
-  bhttp::read_header(socket, buffer_, parser);
-  EXPECT_EQ(parser.get().result_int(), 200u);
+  EXPECT_EQ(StartStream(socket, "/keep"), 200u);
   ASSERT_TRUE(kept_ready_.WaitForNotificationWithTimeout(absl::Seconds(10)));
   std::shared_ptr<HttpExchange> exchange = std::move(kept_);
   std::thread writer([exchange] {
@@ -225,12 +231,8 @@ TEST_F(HttpServerTest, MalformedRequestIs400) {
 TEST_F(HttpServerTest, DisconnectMidStreamFiresTheCallback) {
   {
     tcp::socket socket = Connect();
-    bhttp::request<bhttp::empty_body> req{bhttp::verb::get, "/hold", 11};
-    bhttp::write(socket, req);
     // Headers and the first chunk arrive, then the client leaves.
-    bhttp::response_parser<bhttp::string_body> parser;
-    bhttp::read_header(socket, buffer_, parser);
-    EXPECT_EQ(parser.get().result_int(), 200u);
+    EXPECT_EQ(StartStream(socket, "/hold"), 200u);
   }
   EXPECT_TRUE(disconnected_.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
