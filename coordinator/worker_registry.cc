@@ -36,6 +36,13 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
         " suspect_after=", absl::FormatDuration(options.suspect_after),
         " lease_ttl=", absl::FormatDuration(options.lease_ttl)));
   }
+  if (options.disruption_ttl != absl::ZeroDuration() &&
+      options.disruption_ttl < options.lease_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerRegistryOptions: disruption_ttl must be 0 (3 * lease_ttl) or "
+        ">= lease_ttl, got ",
+        absl::FormatDuration(options.disruption_ttl)));
+  }
   if (options.engine_stall_after <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("WorkerRegistryOptions: engine_stall_after must be > 0, "
@@ -122,7 +129,8 @@ absl::StatusOr<WorkerId> WorkerRegistry::ClaimIdLocked(
              it != workers_.end() && it->second.health != WorkerHealth::kDown &&
              it->second.registration.address != r.address &&
              it->second.registration.incarnation != r.incarnation) {
-    UpdateHealthLocked(it->second, clock_->Now());
+    const absl::Time now = clock_->Now();
+    UpdateHealthLocked(it->second, now, LeaseLocked(now));
     if (it->second.health != WorkerHealth::kDown) {
       return absl::AlreadyExistsError(absl::StrCat(
           "RegisterWorker: worker_id '", id, "' is held by a live worker at ",
@@ -164,7 +172,8 @@ absl::StatusOr<WorkerInfo*> WorkerRegistry::FindLiveLocked(
         "worker '", worker.id, "': epoch ", worker.epoch, " is stale (current ",
         info.ref.epoch, "); register again"));
   }
-  UpdateHealthLocked(info, clock_->Now());
+  const absl::Time now = clock_->Now();
+  UpdateHealthLocked(info, now, LeaseLocked(now));
   if (info.health == WorkerHealth::kDown) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", WorkerRefString(worker),
@@ -237,12 +246,36 @@ void WorkerRegistry::RecordActivity(const WorkerRef& worker) {
   if (info.ok()) (*info)->last_activity = clock_->Now();
 }
 
-void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
+absl::Duration WorkerRegistry::LeaseLocked(absl::Time now) {
+  int live = 0;
+  for (const auto& [id, info] : workers_) {
+    if (info.health == WorkerHealth::kDown) continue;
+    if (now - std::max(info.last_heartbeat, info.last_activity) <=
+        options_.lease_ttl) {
+      return options_.lease_ttl;  // someone is heard from: no disruption
+    }
+    ++live;
+  }
+  if (live < 2) return options_.lease_ttl;
+  disrupted_at_ = now;
+  return options_.disruption_ttl != absl::ZeroDuration()
+             ? options_.disruption_ttl
+             : 3 * options_.lease_ttl;
+}
+
+void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now,
+                                        absl::Duration ttl) {
   if (info.health == WorkerHealth::kDown) return;
   const absl::Duration silent = now - info.last_heartbeat;
   const absl::Duration quiet =
       now - std::max(info.last_heartbeat, info.last_activity);
-  if (quiet > options_.lease_ttl) {
+  // Outside a disruption, the time the coordinator heard from nobody does
+  // not count against a worker: after one ends, each has a lease TTL to be
+  // heard from again.
+  const bool disrupted = ttl > options_.lease_ttl;
+  const absl::Duration counted =
+      disrupted ? quiet : std::min(quiet, now - disrupted_at_);
+  if (counted > ttl) {
     MarkDownLocked(info,
                    absl::StrCat("lease expired (no heartbeat for ",
                                 absl::FormatDuration(silent),
@@ -250,7 +283,13 @@ void WorkerRegistry::UpdateHealthLocked(WorkerInfo& info, absl::Time now) {
                                     ? std::string()
                                     : absl::StrCat(", no stream data for ",
                                                    absl::FormatDuration(quiet)),
+                                disrupted ? "; every worker silent past the "
+                                            "disruption TTL"
+                                          : "",
                                 ")"));
+  } else if (counted > options_.lease_ttl) {
+    // Every worker silent at once: no new requests until it is heard from.
+    info.health = WorkerHealth::kSuspect;
   } else if (silent > options_.suspect_after &&
              info.health == WorkerHealth::kHealthy) {
     info.health = WorkerHealth::kSuspect;
@@ -284,7 +323,8 @@ void WorkerRegistry::MarkDownLocked(WorkerInfo& info, std::string reason) {
 std::vector<DownEvent> WorkerRegistry::Tick() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
-  for (auto& [id, info] : workers_) UpdateHealthLocked(info, now);
+  const absl::Duration ttl = LeaseLocked(now);
+  for (auto& [id, info] : workers_) UpdateHealthLocked(info, now, ttl);
   std::vector<DownEvent> events;
   events.swap(pending_down_);
   std::sort(events.begin(), events.end(),

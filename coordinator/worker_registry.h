@@ -47,6 +47,14 @@ struct WorkerRegistryOptions {
   // Without a heartbeat for longer than this a worker is DOWN.
   // Requires 0 < heartbeat_interval <= suspect_after < lease_ttl.
   absl::Duration lease_ttl = absl::Seconds(5);
+  // When every live worker (two or more) is silent past lease_ttl at once,
+  // the coordinator itself, its host or its network stalled far more likely
+  // than every worker died: they stay SUSPECT (no new requests) and go DOWN
+  // only after this long without a sign, as Kubernetes' node lifecycle
+  // controller stops evicting in a full disruption. A dead worker's streams
+  // still fail on the transport at once. Zero: 3 * lease_ttl; else
+  // >= lease_ttl.
+  absl::Duration disruption_ttl = absl::ZeroDuration();
   // The first registration's epoch; each later one gets the next. The
   // coordinator starts it at the microseconds since the Unix epoch, so a
   // restarted coordinator never hands out an epoch seen before. >= 1.
@@ -173,8 +181,13 @@ class WorkerRegistry {
   // NotFound / FailedPrecondition for an unusable (worker, epoch).
   absl::StatusOr<WorkerInfo*> FindLiveLocked(const WorkerRef& worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateHealthLocked(WorkerInfo& info, absl::Time now)
+  // `ttl`: the lease in force now (LeaseLocked).
+  void UpdateHealthLocked(WorkerInfo& info, absl::Time now, absl::Duration ttl)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // lease_ttl, or the disruption TTL while every live worker (two or more)
+  // has been silent past lease_ttl.
+  // Records the time in disrupted_at_ when it finds a disruption.
+  absl::Duration LeaseLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDownLocked(WorkerInfo& info, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -185,6 +198,8 @@ class WorkerRegistry {
   std::map<WorkerId, WorkerInfo, std::less<>> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerId> id_by_address_ ABSL_GUARDED_BY(mu_);
   std::vector<DownEvent> pending_down_ ABSL_GUARDED_BY(mu_);
+  // The last time every live worker was silent at once (LeaseLocked).
+  absl::Time disrupted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_);
 };

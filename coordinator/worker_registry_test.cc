@@ -169,6 +169,54 @@ TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeSuspectThenDown) {
   EXPECT_THAT(late.message(), HasSubstr("register again"));
 }
 
+// Every worker silent at once points at the coordinator (or its host or
+// network), not at every worker dying: they stay SUSPECT for the disruption
+// TTL (3 lease TTLs by default); once one is heard from again the others
+// get a full lease TTL from the disruption's end, and then the normal rule.
+TEST_F(WorkerRegistryTest, EveryWorkerSilentAtOnceIsADisruptionNotDeaths) {
+  WorkerRef a = *registry_->Register(Reg(WorkerRole::kPrefill, "h:1", 100));
+  WorkerRef b = *registry_->Register(Reg(WorkerRole::kDecode, "h:2", 100));
+  WorkerRef c = *registry_->Register(Reg(WorkerRole::kDecode, "h:3", 100));
+  clock_.Advance(absl::Seconds(5) + absl::Milliseconds(1));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  for (const WorkerRef& w : {a, b, c}) {
+    EXPECT_EQ(Health(w), WorkerHealth::kSuspect) << w;
+  }
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  // The coordinator hears from a and b again; c stays silent: it is DOWN a
+  // lease TTL after the disruption ended, not at once.
+  const WorkerLoad load{.kv_blocks_free = 100, .kv_blocks_total = 100};
+  ASSERT_TRUE(registry_->Heartbeat(a, load, {}).ok());
+  ASSERT_TRUE(registry_->Heartbeat(b, load, {}).ok());
+  EXPECT_EQ(Health(a), WorkerHealth::kHealthy);
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  EXPECT_EQ(Health(c), WorkerHealth::kSuspect);
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(registry_->Heartbeat(a, load, {}).ok());
+  ASSERT_TRUE(registry_->Heartbeat(b, load, {}).ok());
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  clock_.Advance(absl::Seconds(1) + absl::Milliseconds(1));
+  ASSERT_TRUE(registry_->Heartbeat(a, load, {}).ok());
+  ASSERT_TRUE(registry_->Heartbeat(b, load, {}).ok());
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].worker, c);
+}
+
+TEST_F(WorkerRegistryTest, ADisruptionLastsAtMostItsTtl) {
+  WorkerRef a = *registry_->Register(Reg(WorkerRole::kPrefill, "h:1", 100));
+  WorkerRef b = *registry_->Register(Reg(WorkerRole::kDecode, "h:2", 100));
+  clock_.Advance(absl::Seconds(15));
+  EXPECT_THAT(registry_->Tick(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  std::vector<DownEvent> down = registry_->Tick();
+  ASSERT_EQ(down.size(), 2u);
+  EXPECT_THAT(down[0].reason, HasSubstr("disruption TTL"));
+  EXPECT_EQ(Health(a), WorkerHealth::kDown);
+  EXPECT_EQ(Health(b), WorkerHealth::kDown);
+}
+
 // Hysteresis: a worker whose heartbeats are late but whose streams still
 // deliver data stays SUSPECT (nothing new is routed to it) instead of going
 // DOWN and failing those streams; with neither for a lease TTL it is DOWN.
@@ -231,7 +279,8 @@ TEST_F(WorkerRegistryTest, ReRegistrationBumpsEpochAndReportsOldIncarnation) {
   EXPECT_EQ(registry_->Heartbeat(old, {.kv_blocks_total = 100}, {}).code(),
             absl::StatusCode::kFailedPrecondition);
   // Re-registering after the old one already went DOWN reports nothing new.
-  clock_.Advance(absl::Seconds(10));
+  // (Both silent at once: DOWN after the disruption TTL, 3 lease TTLs.)
+  clock_.Advance(absl::Seconds(16));
   down = registry_->Tick();
   ASSERT_EQ(down.size(), 2u);  // fresh and other expired
   EXPECT_EQ(down[0].worker, fresh);
