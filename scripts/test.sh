@@ -86,8 +86,8 @@ sanitized_run() {  # sanitizer, build dir, ctest arguments...
 }
 stage asan
 sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
-# TSan runs 5-15x slower (its build leaves the matmul tiles uninstrumented,
-# kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
+# TSan runs 5-15x slower (though the sanitizer trees leave the engine's
+# matmul tiles uninstrumented, kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
 # is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
 # killed workers (the wedged one too), and the killed coordinators of the restart and replica
 # tests, also make gRPC's uninstrumented cancellation paths report races
