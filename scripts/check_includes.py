@@ -25,7 +25,8 @@ import tempfile
 
 TWO_LEVEL = {"common", "coordinator", "model", "kernels", "worker", "bench", "tests"}
 
-_COMMON = {"common", "common/fault", "common/tsan", "common/metrics"}
+_COMMON = {"common", "common/async", "common/fault", "common/tsan",
+           "common/metrics"}
 _MODEL = {"model", "model/gguf", "model/config", "model/safetensors",
           "model/tokenizer"}
 
@@ -36,10 +37,11 @@ _MODEL = {"model", "model/gguf", "model/config", "model/safetensors",
 # engine, transports, service or the kernels.
 ALLOWED = {
     "common": {"common/tsan"},
+    "common/async": {"common", "common/tsan"},
     "common/fault": {"common"},
     "common/tsan": set(),
     "common/metrics": {"common"},
-    "common/grpc": {"common", "proto"},
+    "common/grpc": {"common", "common/async", "common/tsan", "proto"},
     "common/auth": {"common", "common/grpc"},
     "proto": {"common", "model", "worker/sampler", "worker/kv_cache"},
     "model": {"common"},

@@ -48,6 +48,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
   if (absl::Status s = ValidateAdmissionOptions(options.admission); !s.ok()) {
     return s;
   }
+  if (options.call_threads < 1 || options.call_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call_threads: ", options.call_threads, " is outside [1, 64]"));
+  }
   if (options.max_migrations < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_migrations: ", options.max_migrations, " must be >= 0"));
@@ -101,13 +105,16 @@ Cluster::Cluster(const ClusterOptions& options,
       requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}),
       metrics_(std::make_unique<CoordinatorMetrics>(
           options.metrics_registry != nullptr ? *options.metrics_registry
-                                              : metrics::Registry())) {}
+                                              : metrics::Registry())),
+      executor_(std::make_unique<async::Executor>(options.call_threads)) {}
 
 Cluster::~Cluster() {
   scrape_hook_.reset();
   Shutdown();
   stop_.Notify();
   sweeper_.join();
+  // Runs what the ended calls posted last, then joins its threads.
+  executor_.reset();
 }
 
 int Cluster::Drain(absl::Duration timeout) {

@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/async/executor.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/admission.h"
 #include "coordinator/clock.h"
@@ -78,6 +79,9 @@ struct ClusterOptions {
   // its KV, failed): the new worker continues from the tokens the client
   // has, so the output is the one a fault-free run gives. 0: never.
   int max_migrations = 2;
+  // Threads that run every Generate call's coroutine (1..64): calls hold
+  // none while they wait, so a few serve thousands of streams.
+  int call_threads = 4;
   // Which requests are refused on arrival (admission.h).
   AdmissionOptions admission;
 };
@@ -124,6 +128,9 @@ class Cluster {
   PrefixIndex& prefix_index() { return prefix_index_; }
   RequestStateMachine& requests() { return requests_; }
   RoutingPolicy& policy() { return *policy_; }
+  // Where the Generate calls' coroutines run (a few threads for every call;
+  // the calls hold none while they wait on a worker or a backoff).
+  async::Executor& executor() { return *executor_; }
   // The coordinator's Prometheus metrics (healthy workers are refreshed
   // from the registry before every collection of the metrics registry).
   CoordinatorMetrics& metrics() { return *metrics_; }
@@ -216,6 +223,8 @@ class Cluster {
 
   absl::Notification stop_;
   std::thread sweeper_;
+  // Reset in the destructor once the calls have ended (Shutdown).
+  std::unique_ptr<async::Executor> executor_;
 };
 
 }  // namespace baton::coordinator

@@ -4,11 +4,11 @@
 #include <atomic>
 #include <cstdio>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc/async_call.h"
 #include "common/grpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/service/generate_call_internal.h"
@@ -17,6 +17,10 @@
 
 namespace baton::coordinator {
 namespace {
+
+using PrefillReader =
+    async::StreamReader<v1::PrefillRequest, v1::PrefillResponse>;
+using DecodeReader = async::StreamReader<v1::DecodeRequest, v1::DecodeResponse>;
 
 uint64_t DrawSeed() {
   static std::atomic<uint64_t> counter{0};
@@ -30,32 +34,6 @@ std::string NewRequestId(const std::string& coordinator_id) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat("req-", coordinator_id, "-", counter.fetch_add(1));
 }
-
-// Ends a client stream that is left early: cancels it, drains it and calls
-// Finish, as the synchronous API requires before the reader is destroyed.
-template <typename Message, typename Reader>
-class ReaderGuard {
- public:
-  ReaderGuard(Reader* reader, grpc::ClientContext* context)
-      : reader_(reader), context_(context) {}
-  ~ReaderGuard() {
-    if (finished_) return;
-    context_->TryCancel();
-    Message message;
-    while (reader_->Read(&message)) {
-    }
-    reader_->Finish();
-  }
-  grpc::Status Finish() {
-    finished_ = true;
-    return reader_->Finish();
-  }
-
- private:
-  Reader* reader_;
-  grpc::ClientContext* context_;
-  bool finished_ = false;
-};
 
 }  // namespace
 
@@ -122,7 +100,10 @@ void GenerateCall::Start(Cluster* cluster, GenerateJob job,
                       : absl::CancelledError("cancelled by the client"));
     }
   });
-  std::thread([call] { call->Run(); }).detach();
+  cluster->executor().Post([call = std::move(call)]() mutable {
+    GenerateCall* c = call.get();
+    c->Run(std::move(call));
+  });
 }
 
 GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
@@ -149,6 +130,7 @@ void GenerateCall::Abort(absl::string_view request_id,
     abort_ = status.ok() ? absl::CancelledError("aborted") : status;
   }
   for (grpc::ClientContext* context : contexts_) context->TryCancel();
+  if (backoff_timer_ != 0) cluster_->executor().Fire(backoff_timer_);
 }
 
 absl::Status GenerateCall::aborted() const {
@@ -161,17 +143,8 @@ absl::Status GenerateCall::request_aborted() const {
   return abort_;
 }
 
-bool GenerateCall::Backoff(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](GenerateCall* call) {
-                             call->mu_.AssertHeld();
-                             return !call->abort_.ok() ||
-                                    !call->attempt_abort_.ok();
-                           },
-                           this),
-                       d);
-  return abort_.ok() && attempt_abort_.ok();
+GenerateCall::BackoffAwaiter GenerateCall::Backoff(absl::Duration d) {
+  return BackoffAwaiter(this, d);
 }
 
 void GenerateCall::SetDeadline(grpc::ClientContext* context) const {
@@ -180,15 +153,15 @@ void GenerateCall::SetDeadline(grpc::ClientContext* context) const {
   }
 }
 
-void GenerateCall::Run() {
+async::Detach GenerateCall::Run(std::shared_ptr<GenerateCall> self) {
   RequestSpec spec;
   spec.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   spec.max_tokens = job_.sampling.max_tokens();
   spec.deadline = job_.deadline;
   for (int attempt = 1;; ++attempt) {
     absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
-    if (status.ok()) status = Route();
-    if (status.ok()) status = Serve();
+    if (status.ok()) status = co_await Route();
+    if (status.ok()) status = co_await Serve();
     // A worker that failed before the first token (the prefill worker
     // died or was gone, or either worker went DOWN): nothing reached the
     // client, so the request starts over without it. After the first
@@ -230,6 +203,8 @@ void GenerateCall::Run() {
                        : absl::StrCat("/retry", attempt));
   }
   cluster_->RemoveCall(job_.internal_id);
+  // The last reference may go with this frame: nothing after it.
+  static_cast<void>(self);
 }
 
 void GenerateCall::EndAttempt() {
@@ -248,22 +223,24 @@ void GenerateCall::EndAttempt() {
   reservation_.Clear();
 }
 
-absl::Status GenerateCall::Serve() {
+async::Task<absl::Status> GenerateCall::Serve() {
   RequestStateMachine& requests = cluster_->requests();
   const std::string& id = job_.internal_id;
   auto started = requests.StartPrefill(id, prefill_->ref);
-  if (!started.ok()) return started.status();
+  if (!started.ok()) co_return started.status();
   if (decode_.has_value()) {
     auto snapshot = requests.Get(id);
-    if (!snapshot.ok()) return snapshot.status();
+    if (!snapshot.ok()) co_return snapshot.status();
     if (snapshot->colocated) {
       // The reservation was dropped (its worker went down) before the
       // prefill started.
-      return absl::UnavailableError(absl::StrCat(
+      co_return absl::UnavailableError(absl::StrCat(
           "decode worker ", decode_->ref.id, " went down before the prefill"));
     }
   }
-  v1::PrefillRequest prefill_request;
+  async::Executor* const executor = &cluster_->executor();
+  auto prefill = std::make_shared<PrefillReader>(executor);
+  v1::PrefillRequest& prefill_request = *prefill->request();
   prefill_request.set_request_id(id);
   prefill_request.set_model_id(cluster_->model().id());
   prefill_request.set_coordinator_id(cluster_->options().coordinator_id);
@@ -279,29 +256,36 @@ absl::Status GenerateCall::Serve() {
     target->set_transfer_secret(reservation_.transfer_secret());
     target->set_first_block(reservation_.cached_blocks());
   }
-  grpc::ClientContext prefill_context;
-  SetDeadline(&prefill_context);
-  ScopedContext prefill_scope(this, &prefill_context);
+  SetDeadline(prefill->context());
+  ScopedContext prefill_scope(this, prefill->context());
   if (!streamed_) queue_ms_ = MsBetween(arrival_, SteadyClock::now());
   prefill_started_ = true;
-  auto prefill_reader = cluster_->WorkerStub(prefill_->registration.address)
-                            ->Prefill(&prefill_context, prefill_request);
-  ReaderGuard<v1::PrefillResponse, grpc::ClientReader<v1::PrefillResponse>>
-      prefill_guard(prefill_reader.get(), &prefill_context);
+  cluster_->WorkerStub(prefill_->registration.address)
+      ->async()
+      ->Prefill(prefill->context(), prefill->request(), prefill.get());
+  prefill->Start();
+  async::AbandonOnExit prefill_guard(prefill.get());
   v1::PrefillResponse message;
-  if (!prefill_reader->Read(&message) || !message.has_first_token()) {
-    const grpc::Status rpc = prefill_guard.Finish();
-    if (absl::Status s = aborted(); !s.ok()) return s;
+  bool got = co_await prefill->Read(&message);
+  if (!got || !message.has_first_token()) {
+    prefill_guard.Release();
+    grpc::Status rpc;
+    if (got) {
+      prefill->Abandon();
+    } else {
+      rpc = co_await prefill->Finish();
+    }
+    if (absl::Status s = aborted(); !s.ok()) co_return s;
     if (rpc.ok()) {
-      return absl::InternalError(absl::StrCat(
+      co_return absl::InternalError(absl::StrCat(
           "Prefill on worker ", prefill_->ref.id, " sent no first token"));
     }
-    return WorkerError(*prefill_, WorkerRpc::kPrefill, rpc);
+    co_return WorkerError(*prefill_, WorkerRpc::kPrefill, rpc);
   }
   cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
   prefill_tokens_added_ = 0;
   auto first = requests.OnFirstToken(id);
-  if (!first.ok()) return first.status();
+  if (!first.ok()) co_return first.status();
   if (decode_.has_value()) cluster_->MarkTransferring(id);
   const bool resuming = !generated_.empty();
   if (!resuming) {
@@ -311,7 +295,7 @@ absl::Status GenerateCall::Serve() {
   } else if (message.first_token().token_id() != generated_.front()) {
     // A migration continues the stream only where the new workers compute
     // what the old ones did.
-    return absl::InternalError(absl::StrCat(
+    co_return absl::InternalError(absl::StrCat(
         "migration: prefill worker ", prefill_->ref.id, " sampled token ",
         message.first_token().token_id(), " where the client got ",
         generated_.front(), " (workers on different kernel paths?)"));
@@ -319,7 +303,8 @@ absl::Status GenerateCall::Serve() {
 
   // Decode starts now; the decode worker waits for the KV to land.
   const WorkerInfo& decoder = decode_.has_value() ? *decode_ : *prefill_;
-  v1::DecodeRequest decode_request;
+  auto decode = std::make_shared<DecodeReader>(executor);
+  v1::DecodeRequest& decode_request = *decode->request();
   decode_request.set_request_id(id);
   if (decode_.has_value()) {
     decode_request.set_transfer_id(reservation_.transfer_id());
@@ -330,32 +315,34 @@ absl::Status GenerateCall::Serve() {
   decode_request.mutable_generated_token_ids()->Add(generated_.begin(),
                                                     generated_.end());
   decode_request.set_emitted_text_bytes(emitted_text_bytes_);
-  grpc::ClientContext decode_context;
-  SetDeadline(&decode_context);
-  ScopedContext decode_scope(this, &decode_context);
-  auto decode_reader = cluster_->WorkerStub(decoder.registration.address)
-                           ->Decode(&decode_context, decode_request);
-  ReaderGuard<v1::DecodeResponse, grpc::ClientReader<v1::DecodeResponse>>
-      decode_guard(decode_reader.get(), &decode_context);
+  SetDeadline(decode->context());
+  ScopedContext decode_scope(this, decode->context());
+  cluster_->WorkerStub(decoder.registration.address)
+      ->async()
+      ->Decode(decode->context(), decode->request(), decode.get());
+  decode->Start();
+  async::AbandonOnExit decode_guard(decode.get());
 
-  while (prefill_reader->Read(&message)) {
+  while (co_await prefill->Read(&message)) {
     if (message.has_handoff()) handoff_ = message.handoff();
   }
-  const grpc::Status prefill_status = prefill_guard.Finish();
-  if (absl::Status s = aborted(); !s.ok()) return s;
+  prefill_guard.Release();
+  const grpc::Status prefill_status = co_await prefill->Finish();
+  if (absl::Status s = aborted(); !s.ok()) co_return s;
   if (!prefill_status.ok()) {
-    return WorkerError(*prefill_, WorkerRpc::kPrefillHandoff, prefill_status);
+    co_return WorkerError(*prefill_, WorkerRpc::kPrefillHandoff,
+                          prefill_status);
   }
   if (decode_.has_value()) {
     cluster_->ClearTransferring(id);
     auto handed_off = requests.OnHandoff(id);
-    if (!handed_off.ok()) return handed_off.status();
+    if (!handed_off.ok()) co_return handed_off.status();
   }
 
   v1::DecodeResponse response;
   v1::DecodeResult result;
   bool have_result = false;
-  while (decode_reader->Read(&response)) {
+  while (co_await decode->Read(&response)) {
     if (response.token_ids_size() > 0 || !response.text().empty()) {
       v1::GenerateResponse out;
       out.mutable_token_ids()->CopyFrom(response.token_ids());
@@ -384,17 +371,18 @@ absl::Status GenerateCall::Serve() {
       have_result = true;
     }
   }
-  const grpc::Status decode_status = decode_guard.Finish();
-  if (absl::Status s = aborted(); !s.ok()) return s;
+  decode_guard.Release();
+  const grpc::Status decode_status = co_await decode->Finish();
+  if (absl::Status s = aborted(); !s.ok()) co_return s;
   if (!decode_status.ok()) {
-    return WorkerError(decoder, WorkerRpc::kDecode, decode_status);
+    co_return WorkerError(decoder, WorkerRpc::kDecode, decode_status);
   }
   if (!have_result) {
-    return absl::InternalError(absl::StrCat("Decode on worker ", decoder.ref.id,
-                                            " ended without a result"));
+    co_return absl::InternalError(absl::StrCat(
+        "Decode on worker ", decoder.ref.id, " ended without a result"));
   }
   if (result.finish_reason() == v1::FINISH_REASON_ERROR) {
-    return WorkerError(
+    co_return WorkerError(
         decoder, WorkerRpc::kDecode,
         grpc::Status(static_cast<grpc::StatusCode>(result.error_code()),
                      result.error_message()));
@@ -402,14 +390,14 @@ absl::Status GenerateCall::Serve() {
   if (result.finish_reason() == v1::FINISH_REASON_CANCELLED) {
     // Not asked for (an abort returned above): the worker dropped the
     // request on its own (e.g. it took this coordinator for gone).
-    return WorkerError(decoder, WorkerRpc::kDecode,
-                       grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    "the worker cancelled the request"));
+    co_return WorkerError(decoder, WorkerRpc::kDecode,
+                          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       "the worker cancelled the request"));
   }
   auto finished = requests.OnFinished(id);
-  if (!finished.ok()) return finished.status();
+  if (!finished.ok()) co_return finished.status();
   SendResult(result);
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 void GenerateCall::AbortInStateMachine(const absl::Status& why) {

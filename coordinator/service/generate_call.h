@@ -1,4 +1,6 @@
-// One Generate request, driven start to finish on its own thread:
+// One Generate request, driven start to finish by a coroutine that holds no
+// thread while it waits (on a worker's RPC, a backoff): it runs on the
+// cluster's executor, and its worker calls use gRPC's callback API.
 //
 //   route ─▶ [ReserveKv on the decode worker] ─▶ Prefill ─▶ first token to
 //   the client ─▶ Decode (started before the handoff completes; the decode
@@ -41,6 +43,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/api.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/async/task.h"
 #include "common/grpc/stream_reactor.h"
 #include "common/metrics/histogram_accumulator.h"
 #include "coordinator/service/cluster.h"
@@ -78,9 +81,9 @@ RequestInfo RoutingInfo(const GenerateJob& job, const std::string& model_id);
 class GenerateCall final : public CallHandle,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  // Runs `job` on a new thread, streaming into `reactor` (which the call
-  // closes exactly once). The job was admitted (Cluster::Admit); the call
-  // ends its waiting. The cluster must outlive the call (its destructor
+  // Runs `job` on the cluster's executor, streaming into `reactor` (which
+  // the call closes exactly once). The job was admitted (Cluster::Admit); the
+  // call ends its waiting. The cluster must outlive the call (its destructor
   // waits for running calls).
   static void Start(Cluster* cluster, GenerateJob job,
                     GenerateReactor* reactor);
@@ -101,7 +104,8 @@ class GenerateCall final : public CallHandle,
   // token) is reported failed.
   static constexpr int kMaxAttempts = 3;
 
-  void Run();
+  // The request, start to finish; `self` keeps the call alive until then.
+  async::Detach Run(std::shared_ptr<GenerateCall> self);
   // Returns the attempt's bookkeeping (load, state-machine record) and
   // clears the routing outcome.
   void EndAttempt();
@@ -109,7 +113,7 @@ class GenerateCall final : public CallHandle,
   // terminal) and performs its cleanup; tells the client nothing.
   void AbortInStateMachine(const absl::Status& why);
   // Picks the workers and, for a split request, reserves the decode blocks.
-  absl::Status Route();
+  async::Task<absl::Status> Route();
   // The ids of the `failed` incarnations that are still the registry's
   // current ones (for RequestInfo::excluded).
   std::vector<WorkerId> StillExcluded(
@@ -117,10 +121,10 @@ class GenerateCall final : public CallHandle,
   // Picks the prefill worker among those of `role` (prefill_), avoiding
   // excluded_prefill_; while that pool has no healthy worker but a suspect
   // one, waits for it until `queue_deadline`.
-  absl::Status ClaimPrefill(WorkerRole role, const RequestInfo& request,
-                            absl::Time queue_deadline);
+  async::Task<absl::Status> ClaimPrefill(WorkerRole role, RequestInfo request,
+                                         absl::Time queue_deadline);
   // Prefill, first token, Decode and the stream to the client.
-  absl::Status Serve();
+  async::Task<absl::Status> Serve();
   // AbortInStateMachine, then reports `why` (or the abort that caused it)
   // to the client.
   void Fail(absl::Status why);
@@ -134,9 +138,10 @@ class GenerateCall final : public CallHandle,
   // counted).
   void RecordEnd(const absl::Status& status, v1::FinishReason reason);
   v1::GenerateResult BaseResult() const;
-  // Sleeps up to `d`; false if the call (or its attempt) was aborted
-  // meanwhile.
-  bool Backoff(absl::Duration d);
+  // co_await Backoff(d): waits up to `d` (on a timer, no thread held);
+  // false if the call (or its attempt) was aborted meanwhile.
+  class BackoffAwaiter;
+  BackoffAwaiter Backoff(absl::Duration d);
   // Why the request or its current attempt was aborted (OK: it was not).
   absl::Status aborted() const;
   // Why the request as a whole was aborted (client, deadline, shutdown).
@@ -195,6 +200,8 @@ class GenerateCall final : public CallHandle,
   std::string attempt_id_ ABSL_GUARDED_BY(mu_);
   absl::Status attempt_abort_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  // The timer of the backoff under way (0: none); Abort fires it early.
+  uint64_t backoff_timer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton::coordinator

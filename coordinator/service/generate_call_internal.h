@@ -7,10 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <coroutine>
 
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/async/executor.h"
 #include "coordinator/service/generate_call.h"
 
 namespace baton::coordinator {
@@ -91,6 +95,39 @@ class GenerateCall::ScopedContext {
  private:
   GenerateCall* call_;
   grpc::ClientContext* context_;
+};
+
+// Suspends the call's coroutine for up to `delay` on the executor's timer;
+// an abort of the call or its attempt (Abort) fires the timer at once.
+class GenerateCall::BackoffAwaiter {
+ public:
+  BackoffAwaiter(GenerateCall* call, absl::Duration delay)
+      : call_(call), delay_(delay) {}
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> awaiter) {
+    async::Executor& executor = call_->cluster_->executor();
+    const uint64_t timer = executor.After(delay_, [this, awaiter] {
+      if (fired_.Arrive()) awaiter.resume();
+    });
+    bool aborted;
+    {
+      absl::MutexLock lock(&call_->mu_);
+      aborted = !call_->abort_.ok() || !call_->attempt_abort_.ok();
+      if (!aborted) call_->backoff_timer_ = timer;
+    }
+    if (aborted) executor.Fire(timer);
+    return !fired_.Arrive();
+  }
+  bool await_resume() {
+    absl::MutexLock lock(&call_->mu_);
+    call_->backoff_timer_ = 0;
+    return call_->abort_.ok() && call_->attempt_abort_.ok();
+  }
+
+ private:
+  GenerateCall* call_;
+  absl::Duration delay_;
+  async::Rendezvous fired_;  // the timer's run and await_suspend's end
 };
 
 }  // namespace baton::coordinator

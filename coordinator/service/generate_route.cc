@@ -2,9 +2,12 @@
 // the prefill worker, or one `both` worker for colocated serving; and the
 // workers a failed attempt excludes from the next one.
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/async_call.h"
 #include "coordinator/service/generate_call.h"
 #include "coordinator/service/generate_call_internal.h"
 
@@ -19,7 +22,7 @@ RequestInfo RoutingInfo(const GenerateJob& job, const std::string& model_id) {
   return info;
 }
 
-absl::Status GenerateCall::Route() {
+async::Task<absl::Status> GenerateCall::Route() {
   const std::string& model_id = cluster_->model().id();
   RequestInfo info = RoutingInfo(job_, model_id);
   // A migrating request avoids the decode workers that failed it.
@@ -31,12 +34,14 @@ absl::Status GenerateCall::Route() {
   while (true) {
     // True when the ReserveKv below waits at the worker for room.
     bool wait = false;
-    if (absl::Status s = aborted(); !s.ok()) return s;
+    if (absl::Status s = aborted(); !s.ok()) co_return s;
     const Candidates all = cluster_->RoutingCandidates();
     // Split serving when a prefill-only worker is up; otherwise colocated
     // on a `both` worker.
     if (PrefillRole(all, model_id) == WorkerRole::kBoth) {
-      return ClaimPrefill(WorkerRole::kBoth, info, queue_deadline);
+      absl::Status claimed =
+          co_await ClaimPrefill(WorkerRole::kBoth, info, queue_deadline);
+      co_return claimed;
     }
 
     int64_t blocks = 0;
@@ -49,9 +54,9 @@ absl::Status GenerateCall::Route() {
         // stalled): wait for a decode worker to be heard from again.
         if (!AnySuspect(all, info, &CanDecode) ||
             absl::Now() >= queue_deadline) {
-          return decode.status();
+          co_return decode.status();
         }
-        if (!Backoff(backoff)) continue;
+        if (!co_await Backoff(backoff)) continue;
         backoff = std::min(backoff * 2, absl::Milliseconds(100));
         continue;
       }
@@ -69,13 +74,13 @@ absl::Status GenerateCall::Route() {
         }
       }
       if (block_size > 0 && DecodeBlocksNeeded(info, block_size) > largest) {
-        return absl::ResourceExhaustedError(absl::StrCat(
+        co_return absl::ResourceExhaustedError(absl::StrCat(
             "prompt (", info.prompt_tokens, " tokens) + max_tokens (",
             info.max_tokens, ") needs ", DecodeBlocksNeeded(info, block_size),
             " KV blocks; the largest decode worker has ", largest));
       }
       if (absl::Now() >= queue_deadline) {
-        return absl::ResourceExhaustedError(absl::StrCat(
+        co_return absl::ResourceExhaustedError(absl::StrCat(
             "no decode worker had room for the request within ",
             absl::FormatDuration(cluster_->options().queue_timeout), " (",
             decode.status().message(), ")"));
@@ -87,7 +92,7 @@ absl::Status GenerateCall::Route() {
       info.excluded = failed_decode;
       decode = cluster_->ClaimDecode(info, &blocks, /*wait=*/true);
       if (!decode.ok()) {
-        if (!Backoff(backoff)) continue;
+        if (!co_await Backoff(backoff)) continue;
         backoff = std::min(backoff * 2, absl::Milliseconds(100));
         continue;
       }
@@ -98,7 +103,7 @@ absl::Status GenerateCall::Route() {
         cluster_->requests().ReserveDecode(job_.internal_id, target.ref);
     if (!reserved.ok()) {
       cluster_->AddDecodeBlocks(target.ref.id, -blocks);
-      return reserved.status();
+      co_return reserved.status();
     }
     v1::ReserveKvRequest request;
     request.set_request_id(job_.internal_id);
@@ -129,22 +134,29 @@ absl::Status GenerateCall::Route() {
     grpc::Status rpc;
     {
       ScopedContext scoped(this, &context);
-      rpc = cluster_->WorkerStub(target.registration.address)
-                ->ReserveKv(&context, request, &reservation_);
+      std::shared_ptr<v1::Worker::Stub> stub =
+          cluster_->WorkerStub(target.registration.address);
+      rpc = co_await async::Unary(
+          &cluster_->executor(), [&](std::function<void(grpc::Status)> done) {
+            stub->async()->ReserveKv(&context, &request, &reservation_,
+                                     std::move(done));
+          });
     }
     if (rpc.ok()) {
       decode_ = target;
       decode_blocks_ = blocks;
-      return ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
+      absl::Status claimed =
+          co_await ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
+      co_return claimed;
     }
     cluster_->AddDecodeBlocks(target.ref.id, -blocks);
     // Aborted: the abort edge frees the reservation (the lease stays).
-    if (absl::Status s = aborted(); !s.ok()) return s;
+    if (absl::Status s = aborted(); !s.ok()) co_return s;
     const absl::Status why = WorkerError(target, WorkerRpc::kReserveKv, rpc);
     const grpc::StatusCode code = rpc.error_code();
     auto refused = cluster_->requests().OnReserveRefused(job_.internal_id,
                                                          target.ref, why);
-    if (!refused.ok()) return refused.status();
+    if (!refused.ok()) co_return refused.status();
     if (code != grpc::StatusCode::RESOURCE_EXHAUSTED &&
         code != grpc::StatusCode::INVALID_ARGUMENT &&
         code != grpc::StatusCode::FAILED_PRECONDITION) {
@@ -155,26 +167,24 @@ absl::Status GenerateCall::Route() {
       cleanup.actions.push_back(FreeKv(target.ref, job_.internal_id));
       cluster_->PerformCleanup(cleanup);
     }
-    if (IsTerminal(refused->to)) return refused->status;
+    if (IsTerminal(refused->to)) co_return refused->status;
     if (wait && code == grpc::StatusCode::RESOURCE_EXHAUSTED &&
         absl::Now() >= queue_deadline) {
-      return absl::ResourceExhaustedError(
+      co_return absl::ResourceExhaustedError(
           absl::StrCat("no decode worker had room for the request within ",
                        absl::FormatDuration(cluster_->options().queue_timeout),
                        " (", why.message(), ")"));
     }
     info.excluded.push_back(target.ref.id);
     if (wait) {  // e.g. that worker's line is full
-      if (!Backoff(backoff)) continue;
+      if (!co_await Backoff(backoff)) continue;
       backoff = std::min(backoff * 2, absl::Milliseconds(100));
     }
   }
 }
 
-absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
-                                        const RequestInfo& request,
-                                        absl::Time queue_deadline) {
-  RequestInfo info = request;
+async::Task<absl::Status> GenerateCall::ClaimPrefill(
+    WorkerRole role, RequestInfo info, absl::Time queue_deadline) {
   info.excluded = StillExcluded(excluded_prefill_);
   bool (*in_pool)(WorkerRole) =
       role == WorkerRole::kBoth
@@ -186,15 +196,15 @@ absl::Status GenerateCall::ClaimPrefill(WorkerRole role,
     if (prefill.ok()) {
       prefill_ = *prefill;
       prefill_tokens_added_ = info.prompt_tokens;
-      return absl::OkStatus();
+      co_return absl::OkStatus();
     }
     // As for decode: a pool whose heartbeats are only late is waited for.
     if (prefill.status().code() != absl::StatusCode::kUnavailable ||
         absl::Now() >= queue_deadline ||
         !AnySuspect(cluster_->RoutingCandidates(), info, in_pool)) {
-      return prefill.status();
+      co_return prefill.status();
     }
-    if (!Backoff(backoff)) return aborted();
+    if (!co_await Backoff(backoff)) co_return aborted();
     backoff = std::min(backoff * 2, absl::Milliseconds(100));
   }
 }
