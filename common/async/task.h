@@ -9,7 +9,9 @@
 //
 // Exceptions are not used (an escaping one aborts). Where a coroutine is
 // resumed, after a suspension, is up to what it awaited (e.g. an
-// Executor's thread).
+// Executor's thread). Keep every co_await in a statement of its own or a
+// plain condition: GCC 12 miscompiles one inside a conditional expression
+// (`c ? x : co_await y`).
 #ifndef BATON_COMMON_ASYNC_TASK_H_
 #define BATON_COMMON_ASYNC_TASK_H_
 
