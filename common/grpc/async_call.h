@@ -139,6 +139,10 @@ class StreamReader final
     ReleaseHold();
   }
 
+  void OnReadInitialMetadataDone(bool) override {
+    BATON_TSAN_ACQUIRE(this);  // the first reaction, on a gRPC thread
+  }
+
   void OnReadDone(bool ok) override {
     BATON_TSAN_ACQUIRE(this);
     read_ok_ = ok;
