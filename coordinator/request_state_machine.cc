@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
@@ -54,10 +55,38 @@ std::ostream& operator<<(std::ostream& os, const CleanupAction& action) {
             << action.worker << ", " << action.request_id << "}";
 }
 
+namespace {
+
+// The transition of an edge that does not end the attempt.
+Transition Edge(absl::string_view request_id, absl::string_view attempt_id,
+                RequestState from, RequestState to) {
+  Transition t;
+  t.request_id = std::string(request_id);
+  t.attempt_id = std::string(attempt_id);
+  t.from = from;
+  t.to = to;
+  return t;
+}
+
+// Whether the worker refused a ReserveKv (nothing reserved) rather than the
+// call failing on the way (the worker may have reserved).
+bool Refused(const absl::Status& why) {
+  return why.code() == absl::StatusCode::kResourceExhausted ||
+         why.code() == absl::StatusCode::kInvalidArgument ||
+         why.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+}  // namespace
+
 RequestStateMachine::RequestStateMachine(
     const RequestStateMachineOptions& options)
-    : options_(options) {
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : RealClock()) {
   BATON_CHECK_GE(options_.max_decode_attempts, 1);
+  BATON_CHECK_GE(options_.max_attempts, 1);
+  BATON_CHECK_GE(options_.max_migrations, 0);
+  BATON_CHECK(options_.queue_timeout >= absl::ZeroDuration());
+  BATON_CHECK(options_.transfer_timeout > absl::ZeroDuration());
 }
 
 absl::Status RequestStateMachine::Admit(absl::string_view request_id,
@@ -75,13 +104,18 @@ absl::Status RequestStateMachine::Admit(absl::string_view request_id,
         absl::StrCat("request '", request_id,
                      "': max_tokens must be >= 0, got ", spec.max_tokens));
   }
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   Record rec;
   rec.spec = spec;
-  if (!requests_.emplace(std::string(request_id), std::move(rec)).second) {
+  rec.attempt_id = std::string(request_id);
+  rec.queue_deadline = now + options_.queue_timeout;
+  if (requests_.contains(request_id) || attempts_.contains(request_id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("request '", request_id, "' already exists"));
   }
+  requests_.emplace(std::string(request_id), std::move(rec));
+  attempts_.emplace(std::string(request_id), std::string(request_id));
   return absl::OkStatus();
 }
 
@@ -110,32 +144,89 @@ absl::Status RequestStateMachine::ExpectLocked(
 }
 
 absl::StatusOr<RequestStateMachine::Record*>
-RequestStateMachine::FindInStateLocked(
-    absl::string_view request_id, absl::string_view event,
-    std::initializer_list<RequestState> allowed) {
-  absl::StatusOr<Record*> found = FindLocked(request_id);
+RequestStateMachine::FindAttemptLocked(absl::string_view attempt_id,
+                                       std::string* request_id) {
+  auto it = attempts_.find(attempt_id);
+  if (it != attempts_.end()) {
+    *request_id = it->second;
+    return FindLocked(it->second);
+  }
+  // The attempt id of a request's first attempt is the request's.
+  absl::StatusOr<Record*> found = FindLocked(attempt_id);
   if (!found.ok()) return found.status();
-  if (absl::Status s = ExpectLocked(request_id, **found, event, allowed);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "request '", attempt_id, "': attempt '", attempt_id,
+      "' is over (the request is in attempt '", (*found)->attempt_id, "', ",
+      RequestStateName((*found)->state), ")"));
+}
+
+absl::StatusOr<RequestStateMachine::Record*>
+RequestStateMachine::FindInStateLocked(
+    absl::string_view attempt_id, absl::string_view event,
+    std::initializer_list<RequestState> allowed, std::string* request_id) {
+  absl::StatusOr<Record*> found = FindAttemptLocked(attempt_id, request_id);
+  if (!found.ok()) {
+    if (absl::IsNotFound(found.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("attempt '", attempt_id, "' is not known"));
+    }
+    return found.status();
+  }
+  if (absl::Status s = ExpectLocked(*request_id, **found, event, allowed);
       !s.ok()) {
     return s;
   }
   return found;
 }
 
+void RequestStateMachine::AddLoadLocked(const WorkerId& worker,
+                                        int64_t prefill_tokens,
+                                        int64_t decode_blocks) {
+  if (prefill_tokens == 0 && decode_blocks == 0) return;
+  RequestLoad& load = loads_[worker];
+  load.prefill_tokens += prefill_tokens;
+  load.decode_blocks += decode_blocks;
+  BATON_CHECK_GE(load.prefill_tokens, 0);
+  BATON_CHECK_GE(load.decode_blocks, 0);
+  if (load == RequestLoad{}) loads_.erase(worker);
+}
+
+void RequestStateMachine::DropDecodeLoadLocked(Record& rec) {
+  if (rec.decode_blocks != 0) {
+    AddLoadLocked(rec.decode->id, 0, -rec.decode_blocks);
+    rec.decode_blocks = 0;
+  }
+}
+
+Transition RequestStateMachine::EndLeasesLocked(
+    absl::string_view request_id, Record& rec,
+    const std::optional<WorkerRef>& down) {
+  Transition t = Edge(request_id, rec.attempt_id, rec.state, rec.state);
+  for (const Held& h :
+       HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated)) {
+    if (down.has_value() && Matches(h.worker, *down)) {
+      ledger_.Release(h.worker, rec.attempt_id, LeaseRelease::kWorkerDown);
+    } else {
+      t.actions.push_back(CleanupAction{h.kind, h.worker, rec.attempt_id});
+      ledger_.Release(h.worker, rec.attempt_id, LeaseRelease::kCleanupAction);
+    }
+  }
+  if (rec.prefill_tokens != 0) {
+    AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0);
+    rec.prefill_tokens = 0;
+  }
+  DropDecodeLoadLocked(rec);
+  rec.transferring_since = absl::InfiniteFuture();
+  return t;
+}
+
 Transition RequestStateMachine::TerminateLocked(
     absl::string_view request_id, Record& rec, RequestState to,
     absl::Status status, const std::optional<WorkerRef>& down) {
   BATON_CHECK(IsTerminal(to));
-  Transition t{std::string(request_id), rec.state, to, {}, status};
-  for (const Held& h :
-       HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated)) {
-    if (down.has_value() && Matches(h.worker, *down)) {
-      ledger_.Release(h.worker, request_id, LeaseRelease::kWorkerDown);
-    } else {
-      t.actions.push_back(CleanupAction{h.kind, h.worker, t.request_id});
-      ledger_.Release(h.worker, request_id, LeaseRelease::kCleanupAction);
-    }
-  }
+  Transition t = EndLeasesLocked(request_id, rec, down);
+  t.to = to;
+  t.status = status;
   rec.state = to;
   rec.status = std::move(status);
   return t;
@@ -145,30 +236,41 @@ Transition RequestStateMachine::DropReservationLocked(
     absl::string_view request_id, Record& rec, LeaseRelease how,
     const absl::Status& why) {
   BATON_CHECK(rec.state == RequestState::kQueued && rec.decode.has_value());
-  ledger_.Release(*rec.decode, request_id, how);
+  Transition t = Edge(request_id, rec.attempt_id, RequestState::kQueued,
+                      RequestState::kQueued);
+  if (how == LeaseRelease::kCleanupAction) {
+    t.actions.push_back(FreeKv(*rec.decode, rec.attempt_id));
+  }
+  ledger_.Release(*rec.decode, rec.attempt_id, how);
+  DropDecodeLoadLocked(rec);
   rec.tried_decode.push_back(rec.decode->id);
   rec.decode.reset();
   if (static_cast<int>(rec.tried_decode.size()) <
       options_.max_decode_attempts) {
-    return Transition{std::string(request_id),
-                      RequestState::kQueued,
-                      RequestState::kQueued,
-                      {},
-                      absl::OkStatus()};
+    return t;
   }
-  return TerminateLocked(
+  Transition failed = TerminateLocked(
       request_id, rec, RequestState::kFailed,
       absl::ResourceExhaustedError(absl::StrCat(
           "request '", request_id, "': no decode worker took it after ",
           rec.tried_decode.size(), " attempts (",
           absl::StrJoin(rec.tried_decode, ", "), "); last: ", why.message())));
+  failed.from = RequestState::kQueued;
+  failed.actions = std::move(t.actions);
+  return failed;
 }
 
 absl::StatusOr<Transition> RequestStateMachine::ReserveDecode(
-    absl::string_view request_id, const WorkerRef& decode_worker) {
+    absl::string_view attempt_id, const WorkerRef& decode_worker,
+    int64_t blocks) {
+  if (blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attempt '", attempt_id, "': blocks must be >= 0, got ", blocks));
+  }
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found =
-      FindInStateLocked(request_id, "ReserveDecode", {RequestState::kQueued});
+  std::string request_id;
+  absl::StatusOr<Record*> found = FindInStateLocked(
+      attempt_id, "ReserveDecode", {RequestState::kQueued}, &request_id);
   if (!found.ok()) return found.status();
   Record* rec = *found;
   if (rec->decode.has_value()) {
@@ -177,21 +279,21 @@ absl::StatusOr<Transition> RequestStateMachine::ReserveDecode(
                      WorkerRefString(decode_worker), " while a reservation on ",
                      WorkerRefString(*rec->decode), " is held"));
   }
-  ledger_.Acquire(decode_worker, request_id);
+  ledger_.Acquire(decode_worker, rec->attempt_id);
   rec->decode = decode_worker;
-  return Transition{std::string(request_id),
-                    RequestState::kQueued,
-                    RequestState::kQueued,
-                    {},
-                    absl::OkStatus()};
+  rec->decode_blocks = blocks;
+  AddLoadLocked(decode_worker.id, 0, blocks);
+  return Edge(request_id, rec->attempt_id, RequestState::kQueued,
+              RequestState::kQueued);
 }
 
 absl::StatusOr<Transition> RequestStateMachine::OnReserveRefused(
-    absl::string_view request_id, const WorkerRef& decode_worker,
+    absl::string_view attempt_id, const WorkerRef& decode_worker,
     const absl::Status& why) {
   absl::MutexLock lock(&mu_);
+  std::string request_id;
   absl::StatusOr<Record*> found = FindInStateLocked(
-      request_id, "OnReserveRefused", {RequestState::kQueued});
+      attempt_id, "OnReserveRefused", {RequestState::kQueued}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
   if (!rec.decode.has_value() || !(*rec.decode == decode_worker)) {
@@ -199,152 +301,95 @@ absl::StatusOr<Transition> RequestStateMachine::OnReserveRefused(
         "request '", request_id, "': OnReserveRefused from ",
         WorkerRefString(decode_worker), " which holds no reservation for it"));
   }
-  return DropReservationLocked(request_id, rec, LeaseRelease::kRefused, why);
+  return DropReservationLocked(
+      request_id, rec,
+      Refused(why) ? LeaseRelease::kRefused : LeaseRelease::kCleanupAction,
+      why);
 }
 
 absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
-    absl::string_view request_id, const WorkerRef& prefill_worker) {
+    absl::string_view attempt_id, const WorkerRef& prefill_worker, bool split) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found =
-      FindInStateLocked(request_id, "StartPrefill", {RequestState::kQueued});
+  std::string request_id;
+  absl::StatusOr<Record*> found = FindInStateLocked(
+      attempt_id, "StartPrefill", {RequestState::kQueued}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
+  if (split && !rec.decode.has_value()) {
+    const std::string lost =
+        rec.tried_decode.empty() ? "" : rec.tried_decode.back();
+    absl::Status down = absl::UnavailableError(
+        absl::StrCat("request '", request_id, "': its decode reservation on ",
+                     lost, " was lost (the worker went down)"));
+    down.SetPayload(kWorkerDownPayload, absl::Cord(lost));
+    return down;
+  }
   if (rec.decode.has_value() && rec.decode->id == prefill_worker.id) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request '", request_id, "': prefill worker ",
         WorkerRefString(prefill_worker),
         " is also its reserved decode worker; serve it colocated instead"));
   }
-  ledger_.Acquire(prefill_worker, request_id);
+  ledger_.Acquire(prefill_worker, rec.attempt_id);
   rec.prefill = prefill_worker;
+  rec.prefill_tokens = rec.spec.prompt_tokens;
+  AddLoadLocked(prefill_worker.id, rec.prefill_tokens, 0);
   if (!rec.decode.has_value()) {
     rec.colocated = true;
     rec.decode = prefill_worker;
   }
   rec.state = RequestState::kPrefilling;
-  return Transition{std::string(request_id),
-                    RequestState::kQueued,
-                    RequestState::kPrefilling,
-                    {},
-                    absl::OkStatus()};
+  return Edge(request_id, rec.attempt_id, RequestState::kQueued,
+              RequestState::kPrefilling);
 }
 
 absl::StatusOr<Transition> RequestStateMachine::OnFirstToken(
-    absl::string_view request_id) {
+    absl::string_view attempt_id) {
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
+  std::string request_id;
   absl::StatusOr<Record*> found = FindInStateLocked(
-      request_id, "OnFirstToken", {RequestState::kPrefilling});
+      attempt_id, "OnFirstToken", {RequestState::kPrefilling}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
+  AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0);
+  rec.prefill_tokens = 0;
+  rec.first_token = true;
   // Colocated: the same lease now backs the decode.
   rec.state =
       rec.colocated ? RequestState::kDecoding : RequestState::kTransferring;
-  return Transition{std::string(request_id),
-                    RequestState::kPrefilling,
-                    rec.state,
-                    {},
-                    absl::OkStatus()};
+  if (!rec.colocated) rec.transferring_since = now;
+  return Edge(request_id, rec.attempt_id, RequestState::kPrefilling, rec.state);
 }
 
 absl::StatusOr<Transition> RequestStateMachine::OnHandoff(
-    absl::string_view request_id) {
+    absl::string_view attempt_id) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found =
-      FindInStateLocked(request_id, "OnHandoff", {RequestState::kTransferring});
+  std::string request_id;
+  absl::StatusOr<Record*> found = FindInStateLocked(
+      attempt_id, "OnHandoff", {RequestState::kTransferring}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
-  ledger_.Release(*rec.prefill, request_id, LeaseRelease::kWorkerFreed);
+  ledger_.Release(*rec.prefill, rec.attempt_id, LeaseRelease::kWorkerFreed);
   rec.state = RequestState::kDecoding;
-  return Transition{std::string(request_id),
-                    RequestState::kTransferring,
-                    RequestState::kDecoding,
-                    {},
-                    absl::OkStatus()};
+  rec.transferring_since = absl::InfiniteFuture();
+  return Edge(request_id, rec.attempt_id, RequestState::kTransferring,
+              RequestState::kDecoding);
 }
 
 absl::StatusOr<Transition> RequestStateMachine::OnFinished(
-    absl::string_view request_id) {
+    absl::string_view attempt_id) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found =
-      FindInStateLocked(request_id, "OnFinished", {RequestState::kDecoding});
-  if (!found.ok()) return found.status();
-  Record& rec = **found;
-  ledger_.Release(*rec.decode, request_id, LeaseRelease::kWorkerFreed);
-  rec.state = RequestState::kFinished;
-  return Transition{std::string(request_id),
-                    RequestState::kDecoding,
-                    RequestState::kFinished,
-                    {},
-                    absl::OkStatus()};
-}
-
-absl::StatusOr<Transition> RequestStateMachine::Cancel(
-    absl::string_view request_id, absl::string_view reason) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found = FindLocked(request_id);
-  if (!found.ok()) return found.status();
-  Record& rec = **found;
-  if (absl::Status s =
-          ExpectLocked(request_id, rec, "Cancel",
-                       {RequestState::kQueued, RequestState::kPrefilling,
-                        RequestState::kTransferring, RequestState::kDecoding});
-      !s.ok()) {
-    return s;
-  }
-  return TerminateLocked(
-      request_id, rec, RequestState::kCancelled,
-      absl::CancelledError(
-          absl::StrCat("request '", request_id, "' cancelled: ", reason)));
-}
-
-absl::StatusOr<Transition> RequestStateMachine::OnDeadline(
-    absl::string_view request_id) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found = FindLocked(request_id);
-  if (!found.ok()) return found.status();
-  Record& rec = **found;
-  if (absl::Status s =
-          ExpectLocked(request_id, rec, "OnDeadline",
-                       {RequestState::kQueued, RequestState::kPrefilling,
-                        RequestState::kTransferring, RequestState::kDecoding});
-      !s.ok()) {
-    return s;
-  }
-  return TerminateLocked(request_id, rec, RequestState::kFailed,
-                         absl::DeadlineExceededError(absl::StrCat(
-                             "request '", request_id, "': deadline expired in ",
-                             RequestStateName(rec.state))));
-}
-
-absl::StatusOr<Transition> RequestStateMachine::OnTransferTimeout(
-    absl::string_view request_id) {
-  absl::MutexLock lock(&mu_);
+  std::string request_id;
   absl::StatusOr<Record*> found = FindInStateLocked(
-      request_id, "OnTransferTimeout", {RequestState::kTransferring});
+      attempt_id, "OnFinished", {RequestState::kDecoding}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
-  return TerminateLocked(request_id, rec, RequestState::kFailed,
-                         absl::DeadlineExceededError(absl::StrCat(
-                             "request '", request_id, "': KV transfer from ",
-                             WorkerRefString(*rec.prefill), " to ",
-                             WorkerRefString(*rec.decode), " timed out")));
-}
-
-absl::StatusOr<Transition> RequestStateMachine::OnPhaseFailed(
-    absl::string_view request_id, const absl::Status& error) {
-  BATON_CHECK(!error.ok());
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Record*> found = FindLocked(request_id);
-  if (!found.ok()) return found.status();
-  Record& rec = **found;
-  if (absl::Status s =
-          ExpectLocked(request_id, rec, "OnPhaseFailed",
-                       {RequestState::kPrefilling, RequestState::kTransferring,
-                        RequestState::kDecoding});
-      !s.ok()) {
-    return s;
-  }
-  return TerminateLocked(request_id, rec, RequestState::kFailed, error);
+  ledger_.Release(*rec.decode, rec.attempt_id, LeaseRelease::kWorkerFreed);
+  DropDecodeLoadLocked(rec);
+  rec.state = RequestState::kFinished;
+  return Edge(request_id, rec.attempt_id, RequestState::kDecoding,
+              RequestState::kFinished);
 }
 
 absl::StatusOr<RequestSnapshot> RequestStateMachine::Get(
@@ -356,8 +401,21 @@ absl::StatusOr<RequestSnapshot> RequestStateMachine::Get(
         absl::StrCat("request '", request_id, "' is not known"));
   }
   const Record& rec = it->second;
-  return RequestSnapshot{rec.state,     rec.prefill,      rec.decode,
-                         rec.colocated, rec.tried_decode, rec.status};
+  RequestSnapshot snap;
+  snap.state = rec.state;
+  snap.attempt_id = rec.attempt_id;
+  snap.attempt = rec.attempt;
+  snap.migrations = rec.migrations;
+  snap.first_token = rec.first_token;
+  snap.prefill_worker = rec.prefill;
+  snap.decode_worker = rec.decode;
+  snap.colocated = rec.colocated;
+  snap.tried_decode_workers = rec.tried_decode;
+  snap.excluded_prefill = rec.excluded_prefill;
+  snap.excluded_decode = rec.excluded_decode;
+  snap.queue_deadline = rec.queue_deadline;
+  snap.status = rec.status;
+  return snap;
 }
 
 absl::Status RequestStateMachine::Forget(absl::string_view request_id) {
@@ -372,8 +430,14 @@ absl::Status RequestStateMachine::Forget(absl::string_view request_id) {
         absl::StrCat("request '", request_id, "' is live (",
                      RequestStateName(it->second.state), ")"));
   }
+  attempts_.erase(it->second.attempt_id);
   requests_.erase(it);
   return absl::OkStatus();
+}
+
+std::map<WorkerId, RequestLoad> RequestStateMachine::Loads() const {
+  absl::MutexLock lock(&mu_);
+  return loads_;
 }
 
 std::vector<Lease> RequestStateMachine::LiveLeases() const {
@@ -402,7 +466,7 @@ absl::Status RequestStateMachine::CheckRecordLocked(
     absl::string_view request_id, const Record& rec) const {
   for (const Held& h :
        HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated)) {
-    if (!ledger_.Holds(h.worker, request_id)) {
+    if (!ledger_.Holds(h.worker, rec.attempt_id)) {
       return absl::InternalError(
           absl::StrCat("request '", request_id, "' in ",
                        RequestStateName(rec.state), " should hold a lease on ",
@@ -415,10 +479,27 @@ absl::Status RequestStateMachine::CheckRecordLocked(
 absl::Status RequestStateMachine::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   int64_t expected_live = 0;
+  std::map<WorkerId, RequestLoad> loads;
   for (const auto& [id, rec] : requests_) {
     if (absl::Status s = CheckRecordLocked(id, rec); !s.ok()) return s;
     expected_live += static_cast<int64_t>(
         HeldLeases(rec.state, rec.prefill, rec.decode, rec.colocated).size());
+    if (rec.prefill_tokens != 0) {
+      loads[rec.prefill->id].prefill_tokens += rec.prefill_tokens;
+    }
+    if (rec.decode_blocks != 0) {
+      loads[rec.decode->id].decode_blocks += rec.decode_blocks;
+    }
+    if (IsTerminal(rec.state) &&
+        (rec.prefill_tokens != 0 || rec.decode_blocks != 0)) {
+      return absl::InternalError(
+          absl::StrCat("request '", id, "' is ", RequestStateName(rec.state),
+                       " but still counts load on a worker"));
+    }
+  }
+  if (loads != loads_) {
+    return absl::InternalError(
+        "the workers' load differs from the sum of the requests' loads");
   }
   if (ledger_.live() != expected_live) {
     return absl::InternalError(absl::StrCat(

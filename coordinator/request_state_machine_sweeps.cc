@@ -1,4 +1,4 @@
-// The state machine's sweeps: deadlines, dead workers and orphaned leases.
+// The state machine's sweeps: timers, dead workers and orphaned leases.
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_leases.h"
@@ -14,12 +14,30 @@ std::vector<Transition> RequestStateMachine::ExpireDeadlines(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<Transition> out;
   for (auto& [id, rec] : requests_) {
-    if (IsTerminal(rec.state) || rec.spec.deadline > now) continue;
-    out.push_back(
-        TerminateLocked(id, rec, RequestState::kFailed,
-                        absl::DeadlineExceededError(absl::StrCat(
-                            "request '", id, "': deadline expired in ",
-                            RequestStateName(rec.state)))));
+    if (IsTerminal(rec.state)) continue;
+    if (rec.spec.deadline <= now) {
+      out.push_back(
+          TerminateLocked(id, rec, RequestState::kFailed,
+                          absl::DeadlineExceededError(absl::StrCat(
+                              "request '", id, "': deadline expired in ",
+                              RequestStateName(rec.state)))));
+    } else if (rec.state == RequestState::kTransferring &&
+               now - rec.transferring_since >= options_.transfer_timeout) {
+      out.push_back(TerminateLocked(
+          id, rec, RequestState::kFailed,
+          absl::DeadlineExceededError(
+              absl::StrCat("request '", id, "': KV transfer from ",
+                           WorkerRefString(*rec.prefill), " to ",
+                           WorkerRefString(*rec.decode), " timed out after ",
+                           absl::FormatDuration(options_.transfer_timeout)))));
+    } else if (rec.state == RequestState::kQueued && !rec.decode.has_value() &&
+               rec.queue_deadline <= now) {
+      out.push_back(TerminateLocked(
+          id, rec, RequestState::kFailed,
+          absl::ResourceExhaustedError(absl::StrCat(
+              QueueTimeoutMessage(options_.queue_timeout), " (request '", id,
+              "', attempt ", rec.attempt, ")"))));
+    }
   }
   return out;
 }
@@ -43,8 +61,7 @@ std::vector<Transition> RequestStateMachine::OnWorkerDown(
       out.push_back(
           DropReservationLocked(id, rec, LeaseRelease::kWorkerDown, down));
     } else {
-      out.push_back(
-          TerminateLocked(id, rec, RequestState::kFailed, down, worker));
+      out.push_back(FailAttemptLocked(id, rec, down, worker));
     }
   }
   return out;

@@ -52,6 +52,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "call_threads: ", options.call_threads, " is outside [1, 64]"));
   }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts: ", options.max_attempts, " must be >= 1"));
+  }
   if (options.max_migrations < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_migrations: ", options.max_migrations, " must be >= 0"));
@@ -101,8 +105,14 @@ Cluster::Cluster(const ClusterOptions& options,
       model_(std::move(model)),
       registry_(std::move(registry)),
       policy_(std::move(policy)),
-      // Reservations refused are retried until queue_timeout instead.
-      requests_(RequestStateMachineOptions{.max_decode_attempts = 1 << 30}),
+      requests_(RequestStateMachineOptions{
+          // Reservations refused are retried until queue_timeout instead.
+          .max_decode_attempts = 1 << 30,
+          .max_attempts = options.max_attempts,
+          .max_migrations = options.max_migrations,
+          .queue_timeout = options.queue_timeout,
+          .transfer_timeout = options.transfer_timeout,
+          .clock = clock}),
       metrics_(std::make_unique<CoordinatorMetrics>(
           options.metrics_registry != nullptr ? *options.metrics_registry
                                               : metrics::Registry())),
@@ -176,34 +186,20 @@ std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
 
 Candidates Cluster::RoutingCandidates() const {
   Candidates candidates = registry_->List();
-  absl::MutexLock lock(&mu_);
+  const std::map<WorkerId, RequestLoad> loads = requests_.Loads();
   for (WorkerInfo& w : candidates) {
-    if (auto it = prefill_tokens_.find(w.ref.id); it != prefill_tokens_.end()) {
-      w.load.queued_prefill_tokens =
-          std::max(w.load.queued_prefill_tokens, it->second);
-    }
+    const auto it = loads.find(w.ref.id);
+    const RequestLoad load = it != loads.end() ? it->second : RequestLoad{};
+    w.load.queued_prefill_tokens =
+        std::max(w.load.queued_prefill_tokens, load.prefill_tokens);
     if (CanDecode(w.registration.role)) {
       // The coordinator knows every reservation it made, so its count is
       // current where the heartbeat's lags behind frees and reservations.
-      int64_t reserved = 0;
-      if (auto it = decode_blocks_.find(w.ref.id); it != decode_blocks_.end()) {
-        reserved = it->second;
-      }
-      w.load.kv_blocks_free =
-          std::max<int64_t>(0, w.registration.kv_blocks_total - reserved);
+      w.load.kv_blocks_free = std::max<int64_t>(
+          0, w.registration.kv_blocks_total - load.decode_blocks);
     }
   }
   return candidates;
-}
-
-void Cluster::AddPrefillTokens(const WorkerId& worker, int64_t tokens) {
-  absl::MutexLock lock(&mu_);
-  if ((prefill_tokens_[worker] += tokens) <= 0) prefill_tokens_.erase(worker);
-}
-
-void Cluster::AddDecodeBlocks(const WorkerId& worker, int64_t blocks) {
-  absl::MutexLock lock(&mu_);
-  if ((decode_blocks_[worker] += blocks) <= 0) decode_blocks_.erase(worker);
 }
 
 void Cluster::FillCachedTokens(const Candidates& pool,
@@ -234,8 +230,9 @@ void Cluster::FillCachedTokens(const Candidates& pool,
   }
 }
 
-absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
-                                                 const RequestInfo& request) {
+absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(
+    WorkerRole role, const RequestInfo& request,
+    const std::string& attempt_id) {
   absl::MutexLock claim(&claim_mu_);
   Candidates pool;
   for (WorkerInfo& w : RoutingCandidates()) {
@@ -247,7 +244,9 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : pool) {
     if (w.ref == *picked) {
-      AddPrefillTokens(w.ref.id, request.prompt_tokens);
+      absl::StatusOr<Transition> started = requests_.StartPrefill(
+          attempt_id, w.ref, /*split=*/role == WorkerRole::kPrefill);
+      if (!started.ok()) return started.status();
       return w;
     }
   }
@@ -255,7 +254,8 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(WorkerRole role,
 }
 
 absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
-                                                int64_t* blocks, bool wait) {
+                                                const std::string& attempt_id,
+                                                bool wait) {
   absl::MutexLock claim(&claim_mu_);
   const Candidates all = RoutingCandidates();
   RequestInfo info = request;
@@ -265,9 +265,10 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : all) {
     if (w.ref == *picked) {
-      *blocks =
-          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size);
-      AddDecodeBlocks(w.ref.id, *blocks);
+      absl::StatusOr<Transition> reserved = requests_.ReserveDecode(
+          attempt_id, w.ref,
+          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size));
+      if (!reserved.ok()) return reserved.status();
       return w;
     }
   }
@@ -275,6 +276,13 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
 }
 
 void Cluster::PerformCleanup(const Transition& transition) {
+  if (transition.new_attempt) {
+    if (transition.migration) metrics_->OnMigration();
+    Log(absl::StrCat("request ", transition.request_id,
+                     transition.migration ? " migrates" : " starts over",
+                     " (attempt ", transition.attempt_id,
+                     " ended): ", transition.status.message()));
+  }
   for (const CleanupAction& action : transition.actions) {
     auto worker = registry_->Get(action.worker.id);
     if (!worker.ok()) continue;
@@ -311,17 +319,6 @@ void Cluster::AddCall(const std::string& request_id,
 void Cluster::RemoveCall(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
   calls_.erase(request_id);
-  transferring_since_.erase(request_id);
-}
-
-void Cluster::MarkTransferring(const std::string& request_id) {
-  absl::MutexLock lock(&mu_);
-  transferring_since_[request_id] = clock_->Now();
-}
-
-void Cluster::ClearTransferring(const std::string& request_id) {
-  absl::MutexLock lock(&mu_);
-  transferring_since_.erase(request_id);
 }
 
 AdmissionVerdict Cluster::Admit(const RequestInfo& request) {
@@ -368,14 +365,15 @@ bool Cluster::accepting() const {
 void Cluster::Apply(const std::vector<Transition>& transitions) {
   for (const Transition& t : transitions) {
     PerformCleanup(t);
-    if (!IsTerminal(t.to)) continue;
+    // The call learns what comes next from the state machine.
+    if (!IsTerminal(t.to) && !t.new_attempt) continue;
     std::shared_ptr<CallHandle> call;
     {
       absl::MutexLock lock(&mu_);
       auto it = calls_.find(t.request_id);
       if (it != calls_.end()) call = it->second;
     }
-    if (call != nullptr) call->Abort(t.request_id, t.status);
+    if (call != nullptr) call->Abort(t.attempt_id, t.status);
   }
 }
 
@@ -385,20 +383,7 @@ void Cluster::Sweep() {
                      " is down: ", down.reason));
     Apply(requests_.OnWorkerDown(down.worker));
   }
-  const absl::Time now = clock_->Now();
-  Apply(requests_.ExpireDeadlines(now));
-  std::vector<std::string> stuck;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, since] : transferring_since_) {
-      if (now - since > options_.transfer_timeout) stuck.push_back(id);
-    }
-    for (const std::string& id : stuck) transferring_since_.erase(id);
-  }
-  for (const std::string& id : stuck) {
-    absl::StatusOr<Transition> t = requests_.OnTransferTimeout(id);
-    if (t.ok()) Apply({*t});
-  }
+  Apply(requests_.ExpireDeadlines(clock_->Now()));
 }
 
 }  // namespace baton::coordinator

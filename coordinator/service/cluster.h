@@ -52,7 +52,7 @@ struct ClusterOptions {
   // least_loaded's weight of a prompt token found in a worker's prefix
   // cache against a prompt token queued there (routing_policy.h); >= 0.
   double prefix_weight = 1.0;
-  // How often leases, deadlines and transfers are checked.
+  // How often leases, deadlines, queue and transfer timers are checked.
   absl::Duration sweep_interval = absl::Milliseconds(50);
   // How long a request may wait for a decode worker with room before it
   // fails with RESOURCE_EXHAUSTED.
@@ -79,6 +79,9 @@ struct ClusterOptions {
   // its KV, failed): the new worker continues from the tokens the client
   // has, so the output is the one a fault-free run gives. 0: never.
   int max_migrations = 2;
+  // Attempts a request may take before its first token reaches the client
+  // (a worker failed each of the others); >= 1.
+  int max_attempts = 3;
   // Threads that run every Generate call's coroutine (1..64): calls hold
   // none while they wait, so a few serve thousands of streams.
   int call_threads = 4;
@@ -90,14 +93,14 @@ struct ClusterOptions {
 class CallHandle {
  public:
   virtual ~CallHandle() = default;
-  // The state machine record `request_id` ended on the coordinator's side
-  // (terminal with `status`, its cleanup done or under way), or, with an
-  // empty id, the whole request did (shutdown): stop every worker RPC of
-  // that attempt. A status with kWorkerDownPayload ends that attempt only
-  // (the call may resume the request elsewhere, and ignores an id that is
-  // no longer its attempt's); any other ends the request, reporting
-  // `status` to the client. Thread-safe, idempotent, never blocks.
-  virtual void Abort(absl::string_view request_id,
+  // The state machine ended attempt `attempt_id` on the coordinator's side
+  // (its cleanup done or under way; the request went on under a new
+  // attempt, or ended with `status`): stop every worker RPC of that attempt
+  // (an attempt that is no longer the call's current one is ignored); the
+  // call asks the state machine what comes next. With an empty id, the
+  // whole request ends (client, deadline, shutdown), reporting `status` to
+  // the client. Thread-safe, idempotent, never blocks.
+  virtual void Abort(absl::string_view attempt_id,
                      const absl::Status& status) = 0;
 };
 
@@ -139,29 +142,32 @@ class Cluster {
   std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
 
   // The registry's workers, with the load the coordinator itself knows of
-  // added to the heartbeat's: prompt tokens sent and not yet prefilled, and
-  // the decode blocks of every live reservation (heartbeats lag by up to an
-  // interval, so a burst of requests would otherwise all pick one worker).
+  // (RequestStateMachine::Loads) added to the heartbeat's: prompt tokens
+  // sent and not yet prefilled, and the decode blocks of every live
+  // reservation (heartbeats lag by up to an interval, so a burst of requests
+  // would otherwise all pick one worker).
   Candidates RoutingCandidates() const;
-  // Coordinator-side load bookkeeping for RoutingCandidates.
-  void AddPrefillTokens(const WorkerId& worker, int64_t tokens);
-  void AddDecodeBlocks(const WorkerId& worker, int64_t blocks);
 
-  // Picks a prefill worker among those of `role` and adds the request's
-  // prompt tokens to its load, atomically with respect to other picks, so
-  // a burst of requests spreads over the pool.
+  // Picks a prefill worker among those of `role` and starts the prefill of
+  // attempt `attempt_id` on it in the state machine (StartPrefill, split for
+  // role kPrefill), atomically with respect to other picks, so a burst of
+  // requests spreads over the pool. The state machine's error if it refuses
+  // the edge.
   absl::StatusOr<WorkerInfo> ClaimPrefill(WorkerRole role,
-                                          const RequestInfo& request);
-  // Picks a decode worker and adds the request's blocks (returned in
-  // `blocks`) to its reservations, atomically with respect to other picks.
+                                          const RequestInfo& request,
+                                          const std::string& attempt_id);
+  // Picks a decode worker and reserves the request's blocks on it in the
+  // state machine (ReserveDecode), atomically with respect to other picks.
   // With `wait`, the one to wait at for room (PickDecodeQueue) instead of
   // one with room (the policy's PickDecode).
   absl::StatusOr<WorkerInfo> ClaimDecode(const RequestInfo& request,
-                                         int64_t* blocks, bool wait = false);
+                                         const std::string& attempt_id,
+                                         bool wait = false);
 
   // Sends Worker.Cancel for every action of `transition`, in order, without
   // waiting (a failure is logged; the worker also frees orphans it reports
-  // in its next heartbeat).
+  // in its next heartbeat), and logs and counts a new attempt (a migration
+  // in baton_migrations_total). Every transition goes through here once.
   void PerformCleanup(const Transition& transition);
 
   // Admission (admission.h) of a request about to start: on OK it counts
@@ -178,9 +184,6 @@ class Cluster {
   void AddCall(const std::string& request_id, std::shared_ptr<CallHandle> call);
   // Unregisters it; the call has finished with its client.
   void RemoveCall(const std::string& request_id);
-  // The request entered / left TRANSFERRING (for the transfer timeout).
-  void MarkTransferring(const std::string& request_id);
-  void ClearTransferring(const std::string& request_id);
   int active_calls() const;
   // Calls a new request may start with; false once shutting down.
   bool accepting() const;
@@ -215,9 +218,6 @@ class Cluster {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<CallHandle>> calls_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> transferring_since_ ABSL_GUARDED_BY(mu_);
-  std::map<WorkerId, int64_t> prefill_tokens_ ABSL_GUARDED_BY(mu_);
-  std::map<WorkerId, int64_t> decode_blocks_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t waiting_ ABSL_GUARDED_BY(claim_mu_) = 0;
 

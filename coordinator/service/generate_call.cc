@@ -117,15 +117,16 @@ GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
 
 GenerateCall::~GenerateCall() { LeaveWaiting(); }
 
-void GenerateCall::Abort(absl::string_view request_id,
+void GenerateCall::Abort(absl::string_view attempt_id,
                          const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (!abort_.ok()) return;
-  if (!request_id.empty() && status.GetPayload(kWorkerDownPayload)) {
-    // One attempt's worker went down: that attempt ends, the request may
-    // go on (Run decides). A past attempt's record is not this call's.
-    if (request_id != attempt_id_ || !attempt_abort_.ok()) return;
-    attempt_abort_ = status;
+  if (!attempt_id.empty()) {
+    // The state machine ended that attempt; Run asks it what comes next. A
+    // past attempt is not this call's concern any more.
+    if (attempt_id != attempt_id_ || !attempt_abort_.ok()) return;
+    attempt_abort_ =
+        status.ok() ? absl::CancelledError("attempt ended") : status;
   } else {
     abort_ = status.ok() ? absl::CancelledError("aborted") : status;
   }
@@ -154,90 +155,86 @@ void GenerateCall::SetDeadline(grpc::ClientContext* context) const {
 }
 
 async::Detach GenerateCall::Run(std::shared_ptr<GenerateCall> self) {
+  RequestStateMachine& requests = cluster_->requests();
   RequestSpec spec;
   spec.prompt_tokens = static_cast<int64_t>(job_.prompt.size());
   spec.max_tokens = job_.sampling.max_tokens();
   spec.deadline = job_.deadline;
-  for (int attempt = 1;; ++attempt) {
-    absl::Status status = cluster_->requests().Admit(job_.internal_id, spec);
-    if (status.ok()) status = co_await Route();
+  absl::Status status = requests.Admit(job_.internal_id, spec);
+  bool again = status.ok();
+  while (again) {
+    BeginAttempt();
+    status = co_await Route();
     if (status.ok()) status = co_await Serve();
-    // A worker that failed before the first token (the prefill worker
-    // died or was gone, or either worker went DOWN): nothing reached the
-    // client, so the request starts over without it. After the first
-    // token, a failed worker of a split request: the request migrates.
-    const bool alive =
-        !status.ok() && request_aborted().ok() && prefill_.has_value();
-    const bool retry = alive && !streamed_ && attempt < kMaxAttempts &&
-                       ExcludeFailedWorker(status);
-    const bool migrate = alive && streamed_ && decode_.has_value() &&
-                         migrations_ < cluster_->options().max_migrations &&
-                         ExcludeFailedWorker(status);
-    if (migrate) {
-      ++migrations_;
-      cluster_->metrics().OnMigration();
-      std::fprintf(stderr,
-                   "baton-coordinator: request %s moves to another decode "
-                   "worker after %zu tokens (%d of %d): %s\n",
-                   job_.internal_id.c_str(), generated_.size(), migrations_,
-                   cluster_->options().max_migrations,
-                   std::string(status.message()).c_str());
-    }
-    if (retry || migrate) {
-      AbortInStateMachine(status);
-    } else if (!status.ok()) {
-      Fail(std::move(status));
-    }
-    EndAttempt();
-    if (!retry && !migrate) {
-      if (!end_recorded_) {
-        // Every path ends in SendResult or Fail; this keeps
-        // baton_requests_active exact if one ever does not.
-        RecordEnd(
-            status.ok() ? absl::InternalError("request ended unseen") : status,
-            v1::FINISH_REASON_UNSPECIFIED);
-      }
-      break;
-    }
-    NewAttempt(migrate ? absl::StrCat("/migrate", migrations_)
-                       : absl::StrCat("/retry", attempt));
+    again = !status.ok() && EndAttempt(&status);
+  }
+  if (!status.ok()) Fail(std::move(status));
+  // Every path above ends the record; a live one here is a bug, and must
+  // not leave blocks held.
+  if (auto snapshot = requests.Get(job_.internal_id);
+      snapshot.ok() && !IsTerminal(snapshot->state)) {
+    auto cancelled = requests.Cancel(job_.internal_id, "the call ended");
+    if (cancelled.ok()) cluster_->PerformCleanup(*cancelled);
+  }
+  requests.Forget(job_.internal_id).IgnoreError();
+  if (!end_recorded_) {
+    // Every path ends in SendResult or Fail; this keeps
+    // baton_requests_active exact if one ever does not.
+    RecordEnd(
+        status.ok() ? absl::InternalError("request ended unseen") : status,
+        v1::FINISH_REASON_UNSPECIFIED);
   }
   cluster_->RemoveCall(job_.internal_id);
   // The last reference may go with this frame: nothing after it.
   static_cast<void>(self);
 }
 
-void GenerateCall::EndAttempt() {
-  if (prefill_tokens_added_ != 0) {
-    cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
+void GenerateCall::BeginAttempt() {
+  auto snapshot = cluster_->requests().Get(job_.internal_id);
+  if (snapshot.ok()) {
+    attempt_ = snapshot->attempt_id;
+    excluded_prefill_ = snapshot->excluded_prefill;
+    excluded_decode_ = snapshot->excluded_decode;
+    queue_deadline_ = snapshot->queue_deadline;
+    migrations_ = snapshot->migrations;
   }
-  if (decode_blocks_ != 0) {
-    cluster_->AddDecodeBlocks(decode_->ref.id, -decode_blocks_);
-  }
-  cluster_->requests().Forget(job_.internal_id).IgnoreError();
-  cluster_->ClearTransferring(job_.internal_id);
-  prefill_tokens_added_ = 0;
-  decode_blocks_ = 0;
   prefill_.reset();
   decode_.reset();
   reservation_.Clear();
+  absl::MutexLock lock(&mu_);
+  attempt_id_ = attempt_;
+  attempt_abort_ = absl::OkStatus();
+}
+
+bool GenerateCall::EndAttempt(absl::Status* status) {
+  RequestStateMachine& requests = cluster_->requests();
+  // The request's own abort (client, deadline, shutdown) is final and the
+  // real reason: RPC errors after it are only its echo (CANCELLED).
+  if (absl::Status s = request_aborted(); !s.ok()) *status = s;
+  absl::StatusOr<Transition> t = requests.OnAttemptFailed(attempt_, *status);
+  if (t.ok()) {
+    cluster_->PerformCleanup(*t);
+    if (t->new_attempt) return true;
+    *status = t->status;
+    return false;
+  }
+  // The sweeper ended the attempt first (a worker went DOWN, a timer).
+  absl::StatusOr<RequestSnapshot> snapshot = requests.Get(job_.internal_id);
+  if (!snapshot.ok()) return false;
+  if (IsTerminal(snapshot->state)) {
+    if (!snapshot->status.ok()) *status = snapshot->status;
+    return false;
+  }
+  if (snapshot->attempt_id != attempt_) return true;
+  *status = absl::InternalError(
+      absl::StrCat("request ", job_.internal_id, ": ", t.status().message()));
+  return false;
 }
 
 async::Task<absl::Status> GenerateCall::Serve() {
+  // Route started the prefill in the state machine (PREFILLING).
   RequestStateMachine& requests = cluster_->requests();
-  const std::string& id = job_.internal_id;
-  auto started = requests.StartPrefill(id, prefill_->ref);
-  if (!started.ok()) co_return started.status();
-  if (decode_.has_value()) {
-    auto snapshot = requests.Get(id);
-    if (!snapshot.ok()) co_return snapshot.status();
-    if (snapshot->colocated) {
-      // The reservation was dropped (its worker went down) before the
-      // prefill started.
-      co_return absl::UnavailableError(absl::StrCat(
-          "decode worker ", decode_->ref.id, " went down before the prefill"));
-    }
-  }
+  const std::string& id = attempt_;
   async::Executor* const executor = &cluster_->executor();
   auto prefill = std::make_shared<PrefillReader>(executor);
   v1::PrefillRequest& prefill_request = *prefill->request();
@@ -282,11 +279,8 @@ async::Task<absl::Status> GenerateCall::Serve() {
     }
     co_return WorkerError(*prefill_, WorkerRpc::kPrefill, rpc);
   }
-  cluster_->AddPrefillTokens(prefill_->ref.id, -prefill_tokens_added_);
-  prefill_tokens_added_ = 0;
   auto first = requests.OnFirstToken(id);
   if (!first.ok()) co_return first.status();
-  if (decode_.has_value()) cluster_->MarkTransferring(id);
   const bool resuming = !generated_.empty();
   if (!resuming) {
     prefill_ms_ = message.first_token().prefill_ms();
@@ -334,7 +328,6 @@ async::Task<absl::Status> GenerateCall::Serve() {
                           prefill_status);
   }
   if (decode_.has_value()) {
-    cluster_->ClearTransferring(id);
     auto handed_off = requests.OnHandoff(id);
     if (!handed_off.ok()) co_return handed_off.status();
   }
@@ -400,35 +393,11 @@ async::Task<absl::Status> GenerateCall::Serve() {
   co_return absl::OkStatus();
 }
 
-void GenerateCall::AbortInStateMachine(const absl::Status& why) {
-  {
-    absl::MutexLock lock(&mu_);
-    for (grpc::ClientContext* context : contexts_) context->TryCancel();
-  }
-  RequestStateMachine& requests = cluster_->requests();
-  auto snapshot = requests.Get(job_.internal_id);
-  if (snapshot.ok() && !IsTerminal(snapshot->state)) {
-    absl::StatusOr<Transition> t =
-        why.code() == absl::StatusCode::kCancelled ||
-                snapshot->state == RequestState::kQueued
-            ? requests.Cancel(job_.internal_id, why.message())
-            : requests.OnPhaseFailed(job_.internal_id, why);
-    if (t.ok()) cluster_->PerformCleanup(*t);
-  }
-}
-
 void GenerateCall::Fail(absl::Status why) {
   {
     absl::MutexLock lock(&mu_);
-    // The first abort's reason is the real one; RPC errors after it are
-    // only its echo (CANCELLED).
-    if (!abort_.ok()) {
-      why = abort_;
-    } else {
-      abort_ = why;
-    }
+    if (abort_.ok()) abort_ = why;
   }
-  AbortInStateMachine(why);
   RecordEnd(why, v1::FINISH_REASON_UNSPECIFIED);
   if (reactor_ == nullptr) return;
   if (!streamed_) {

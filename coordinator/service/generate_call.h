@@ -6,17 +6,20 @@
 //   the client ─▶ Decode (started before the handoff completes; the decode
 //   worker waits for the last layer) ─▶ tokens to the client ─▶ result.
 //
-// Every step is an edge of the cluster's RequestStateMachine, so the KV
-// leases of the request are always known; any failure, client cancel or
-// deadline takes the state machine's abort edge and sends Worker.Cancel for
-// every lease it reports. Errors before the first token are the RPC's
-// status; after it, an in-band FINISH_REASON_ERROR result.
+// The call does the I/O only: the cluster's RequestStateMachine owns the
+// request's lifecycle (its leases, the load it puts on workers, its timers,
+// its retry budget). Every step is an edge of it; when an attempt fails
+// (a worker RPC breaks, the client cancels, a timer fires) the call hands
+// the error to the state machine (OnAttemptFailed) and performs the cleanup
+// it returns, then does what it decided: a new attempt, or the end of the
+// request. Errors before the first token are the RPC's status; after it, an
+// in-band FINISH_REASON_ERROR result.
 //
 // A worker that dies: before the first token reached the client (the
 // prefill worker was gone or died mid-prompt, or either worker went DOWN),
-// the request starts over without it, up to kMaxAttempts in all. After it, a
-// split request migrates, up to ClusterOptions::max_migrations times: when its
-// decode worker fails (the Decode stream breaks, the worker goes DOWN or
+// the request starts over without it, up to ClusterOptions::max_attempts in
+// all. After it, a split request migrates, up to max_migrations times: when
+// its decode worker fails (the Decode stream breaks, the worker goes DOWN or
 // ends the request on its own) or its prefill worker fails mid-handoff, a
 // new attempt prefills the prompt again (its first token must equal the
 // one streamed) and hands the KV to another decode worker, whose Decode
@@ -88,7 +91,7 @@ class GenerateCall final : public CallHandle,
   static void Start(Cluster* cluster, GenerateJob job,
                     GenerateReactor* reactor);
 
-  void Abort(absl::string_view request_id, const absl::Status& status) override;
+  void Abort(absl::string_view attempt_id, const absl::Status& status) override;
 
   GenerateCall(Cluster* cluster, GenerateJob job, GenerateReactor* reactor);
   ~GenerateCall() override;
@@ -100,33 +103,30 @@ class GenerateCall final : public CallHandle,
   // if the call is already aborted.
   class ScopedContext;
 
-  // Attempts before a request whose prefill worker vanished (before any
-  // token) is reported failed.
-  static constexpr int kMaxAttempts = 3;
-
   // The request, start to finish; `self` keeps the call alive until then.
   async::Detach Run(std::shared_ptr<GenerateCall> self);
-  // Returns the attempt's bookkeeping (load, state-machine record) and
-  // clears the routing outcome.
-  void EndAttempt();
-  // Takes the state machine's abort edge (unless the request is already
-  // terminal) and performs its cleanup; tells the client nothing.
-  void AbortInStateMachine(const absl::Status& why);
+  // Reads the state machine's current attempt (id, excluded workers, queue
+  // deadline) and clears the previous attempt's routing outcome.
+  void BeginAttempt();
+  // The attempt failed with *status: the state machine decides (or already
+  // did, if the sweeper ended the attempt). True: go on with a new attempt;
+  // false: the request ends with *status.
+  bool EndAttempt(absl::Status* status);
   // Picks the workers and, for a split request, reserves the decode blocks.
   async::Task<absl::Status> Route();
   // The ids of the `failed` incarnations that are still the registry's
   // current ones (for RequestInfo::excluded).
   std::vector<WorkerId> StillExcluded(
       const std::vector<WorkerRef>& failed) const;
-  // Picks the prefill worker among those of `role` (prefill_), avoiding
-  // excluded_prefill_; while that pool has no healthy worker but a suspect
-  // one, waits for it until `queue_deadline`.
+  // Picks the prefill worker among those of `role` (prefill_) and starts the
+  // attempt's prefill in the state machine, avoiding excluded_prefill_;
+  // while that pool has no healthy worker but a suspect one, waits for it
+  // until `queue_deadline`.
   async::Task<absl::Status> ClaimPrefill(WorkerRole role, RequestInfo request,
                                          absl::Time queue_deadline);
   // Prefill, first token, Decode and the stream to the client.
   async::Task<absl::Status> Serve();
-  // AbortInStateMachine, then reports `why` (or the abort that caused it)
-  // to the client.
+  // Reports `why` to the client (the state machine has ended the request).
   void Fail(absl::Status why);
   void SendFirstToken(const v1::PrefillFirstToken& first);
   void SendResult(const v1::DecodeResult& result);
@@ -146,32 +146,27 @@ class GenerateCall final : public CallHandle,
   absl::Status aborted() const;
   // Why the request as a whole was aborted (client, deadline, shutdown).
   absl::Status request_aborted() const;
-  // Whether `status`, which ended an attempt, says that one of its workers
-  // failed (UNAVAILABLE from a Prefill or Decode stream, or a worker DOWN),
-  // so the request may go on without it; adds that worker to the excluded
-  // lists. REQUIRES: prefill_ is set.
-  bool ExcludeFailedWorker(const absl::Status& status);
-  // Starts a new attempt under a new internal id (the old one's record is
-  // terminal and forgotten).
-  void NewAttempt(absl::string_view suffix);
   void SetDeadline(grpc::ClientContext* context) const;
 
   Cluster* const cluster_;
-  GenerateJob job_;  // internal_id changes when a request starts over
-  // Worker incarnations that failed the request (a worker that registers
-  // again, with a new epoch, may serve it).
+  const GenerateJob job_;     // internal_id: the state machine's request id
+  GenerateReactor* reactor_;  // null once closed
+
+  // The current attempt, from the state machine (BeginAttempt): its id
+  // (what workers see), the worker incarnations that failed the request (a
+  // worker that registers again, with a new epoch, may serve it), and when
+  // its wait for a worker ends.
+  std::string attempt_;
   std::vector<WorkerRef> excluded_prefill_;
   std::vector<WorkerRef> excluded_decode_;
-  int migrations_ = 0;
-  GenerateReactor* reactor_;  // null once closed
+  absl::Time queue_deadline_ = absl::InfiniteFuture();
+  int migrations_ = 0;  // the request's, for the result
   const SteadyClock::time_point arrival_;
 
   // Routing outcome.
   std::optional<WorkerInfo> prefill_;
   std::optional<WorkerInfo> decode_;  // unset: colocated on prefill_
   v1::ReserveKvResponse reservation_;
-  int64_t decode_blocks_ = 0;         // added to the cluster's accounting
-  int64_t prefill_tokens_added_ = 0;  // idem
 
   // Progress, for the result.
   bool streamed_ = false;  // at least one message sent to the client
@@ -195,8 +190,9 @@ class GenerateCall final : public CallHandle,
 
   mutable absl::Mutex mu_;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
-  // The current attempt's internal id, and why it was aborted (a worker it
-  // used went DOWN) when the request itself was not.
+  // attempt_, for Abort, and why the state machine ended that attempt (a
+  // worker it used went DOWN, a timer) when the request itself was not
+  // aborted.
   std::string attempt_id_ ABSL_GUARDED_BY(mu_);
   absl::Status attempt_abort_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);

@@ -10,59 +10,26 @@
 #include <coroutine>
 
 #include "absl/status/status.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/async/executor.h"
 #include "coordinator/service/generate_call.h"
+#include "coordinator/worker_rpc.h"
 
 namespace baton::coordinator {
-
-// The worker RPC a status came from, carried as its kWorkerRpcPayload
-// (one byte): what a retry decision reads, never the message text.
-enum class WorkerRpc : char {
-  kReserveKv = 'r',
-  kPrefill = 'p',         // before the first token
-  kPrefillHandoff = 'h',  // the rest of the Prefill stream (KV handoff)
-  kDecode = 'd',
-};
-inline constexpr absl::string_view kWorkerRpcPayload =
-    "type.baton.dev/baton.WorkerRpc";
-
-inline absl::string_view WorkerRpcName(WorkerRpc rpc) {
-  switch (rpc) {
-    case WorkerRpc::kReserveKv:
-      return "ReserveKv";
-    case WorkerRpc::kPrefill:
-      return "Prefill";
-    case WorkerRpc::kPrefillHandoff:
-      return "Prefill (KV handoff)";
-    case WorkerRpc::kDecode:
-      return "Decode";
-  }
-  return "?";
-}
 
 // `status` of a worker RPC as an absl::Status, its code kept, naming the RPC
 // and the worker, with the RPC as its kWorkerRpcPayload.
 inline absl::Status WorkerError(const WorkerInfo& worker, WorkerRpc rpc,
                                 const grpc::Status& status) {
-  absl::Status out(
-      static_cast<absl::StatusCode>(status.error_code()),
-      absl::StrCat(WorkerRpcName(rpc), " on worker ", worker.ref.id, " (",
-                   worker.registration.address, "): ", status.error_message()));
-  out.SetPayload(
-      kWorkerRpcPayload,
-      absl::Cord(absl::string_view(reinterpret_cast<const char*>(&rpc), 1)));
-  return out;
-}
-
-// True when `status` came from worker RPC `rpc` (WorkerError).
-inline bool FromWorkerRpc(const absl::Status& status, WorkerRpc rpc) {
-  const auto payload = status.GetPayload(kWorkerRpcPayload);
-  return payload.has_value() &&
-         *payload == absl::string_view(reinterpret_cast<const char*>(&rpc), 1);
+  return TagWorkerRpc(
+      absl::Status(
+          static_cast<absl::StatusCode>(status.error_code()),
+          absl::StrCat(WorkerRpcName(rpc), " on worker ", worker.ref.id, " (",
+                       worker.registration.address,
+                       "): ", status.error_message())),
+      rpc);
 }
 
 using SteadyClock = std::chrono::steady_clock;

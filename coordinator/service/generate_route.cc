@@ -1,6 +1,6 @@
 // GenerateCall's routing: the decode worker with room (reserved first), then
-// the prefill worker, or one `both` worker for colocated serving; and the
-// workers a failed attempt excludes from the next one.
+// the prefill worker, or one `both` worker for colocated serving, avoiding
+// the workers the state machine excluded after failed attempts.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -28,8 +28,10 @@ async::Task<absl::Status> GenerateCall::Route() {
   // A migrating request avoids the decode workers that failed it.
   const std::vector<WorkerId> failed_decode = StillExcluded(excluded_decode_);
   info.excluded = failed_decode;
-  const absl::Time queue_deadline =
-      std::min(job_.deadline, absl::Now() + cluster_->options().queue_timeout);
+  // The state machine's queue timer for this attempt (its sweep fails the
+  // request there too, unless a reservation is waiting at a worker).
+  const Clock& clock = cluster_->clock();
+  const absl::Time queue_deadline = std::min(job_.deadline, queue_deadline_);
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
     // True when the ReserveKv below waits at the worker for room.
@@ -44,8 +46,7 @@ async::Task<absl::Status> GenerateCall::Route() {
       co_return claimed;
     }
 
-    int64_t blocks = 0;
-    absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, &blocks);
+    absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, attempt_);
     if (!decode.ok()) {
       // No decode worker up at all (other than those that failed it).
       if (decode.status().code() == absl::StatusCode::kUnavailable &&
@@ -53,7 +54,7 @@ async::Task<absl::Status> GenerateCall::Route() {
         // Late heartbeats only (the coordinator, its host or the network
         // stalled): wait for a decode worker to be heard from again.
         if (!AnySuspect(all, info, &CanDecode) ||
-            absl::Now() >= queue_deadline) {
+            clock.Now() >= queue_deadline) {
           co_return decode.status();
         }
         if (!co_await Backoff(backoff)) continue;
@@ -79,18 +80,17 @@ async::Task<absl::Status> GenerateCall::Route() {
             info.max_tokens, ") needs ", DecodeBlocksNeeded(info, block_size),
             " KV blocks; the largest decode worker has ", largest));
       }
-      if (absl::Now() >= queue_deadline) {
+      if (clock.Now() >= queue_deadline) {
         co_return absl::ResourceExhaustedError(absl::StrCat(
-            "no decode worker had room for the request within ",
-            absl::FormatDuration(cluster_->options().queue_timeout), " (",
-            decode.status().message(), ")"));
+            QueueTimeoutMessage(cluster_->options().queue_timeout),
+            " (no decode worker: ", decode.status().message(), ")"));
       }
       // None has room (or each refused): wait in one worker's line, where
       // the calls of every coordinator replica are served in arrival order
       // (ReserveKvRequest.queue_ms), rather than polling here, where this
       // replica would learn of freed room only from heartbeats.
       info.excluded = failed_decode;
-      decode = cluster_->ClaimDecode(info, &blocks, /*wait=*/true);
+      decode = cluster_->ClaimDecode(info, attempt_, /*wait=*/true);
       if (!decode.ok()) {
         if (!co_await Backoff(backoff)) continue;
         backoff = std::min(backoff * 2, absl::Milliseconds(100));
@@ -98,15 +98,10 @@ async::Task<absl::Status> GenerateCall::Route() {
       }
       wait = true;
     }
+    // Reserved in the state machine (its lease and load start now).
     const WorkerInfo target = *decode;
-    auto reserved =
-        cluster_->requests().ReserveDecode(job_.internal_id, target.ref);
-    if (!reserved.ok()) {
-      cluster_->AddDecodeBlocks(target.ref.id, -blocks);
-      co_return reserved.status();
-    }
     v1::ReserveKvRequest request;
-    request.set_request_id(job_.internal_id);
+    request.set_request_id(attempt_);
     request.set_model_id(model_id);
     request.set_coordinator_id(cluster_->options().coordinator_id);
     request.set_num_prompt_tokens(static_cast<int32_t>(job_.prompt.size()));
@@ -116,7 +111,7 @@ async::Task<absl::Status> GenerateCall::Route() {
     request.set_max_tokens(job_.sampling.max_tokens());
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
     const absl::Duration queue_wait =
-        wait ? std::max(queue_deadline - absl::Now(), absl::ZeroDuration())
+        wait ? std::max(queue_deadline - clock.Now(), absl::ZeroDuration())
              : absl::ZeroDuration();
     request.set_queue_ms(absl::ToDoubleMilliseconds(queue_wait));
     // The reservation outlives the request's deadline by a little at most
@@ -144,35 +139,25 @@ async::Task<absl::Status> GenerateCall::Route() {
     }
     if (rpc.ok()) {
       decode_ = target;
-      decode_blocks_ = blocks;
       absl::Status claimed =
           co_await ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
       co_return claimed;
     }
-    cluster_->AddDecodeBlocks(target.ref.id, -blocks);
-    // Aborted: the abort edge frees the reservation (the lease stays).
+    // Aborted: ending the attempt frees the reservation (the lease stays).
     if (absl::Status s = aborted(); !s.ok()) co_return s;
     const absl::Status why = WorkerError(target, WorkerRpc::kReserveKv, rpc);
     const grpc::StatusCode code = rpc.error_code();
-    auto refused = cluster_->requests().OnReserveRefused(job_.internal_id,
-                                                         target.ref, why);
+    // Refused, or the reply was lost (the state machine then frees what the
+    // worker may have reserved).
+    auto refused =
+        cluster_->requests().OnReserveRefused(attempt_, target.ref, why);
     if (!refused.ok()) co_return refused.status();
-    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED &&
-        code != grpc::StatusCode::INVALID_ARGUMENT &&
-        code != grpc::StatusCode::FAILED_PRECONDITION) {
-      // The worker may have reserved before the reply was lost.
-      Transition cleanup;
-      cleanup.to = RequestState::kQueued;
-      cleanup.status = why;
-      cleanup.actions.push_back(FreeKv(target.ref, job_.internal_id));
-      cluster_->PerformCleanup(cleanup);
-    }
+    cluster_->PerformCleanup(*refused);
     if (IsTerminal(refused->to)) co_return refused->status;
     if (wait && code == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-        absl::Now() >= queue_deadline) {
+        clock.Now() >= queue_deadline) {
       co_return absl::ResourceExhaustedError(
-          absl::StrCat("no decode worker had room for the request within ",
-                       absl::FormatDuration(cluster_->options().queue_timeout),
+          absl::StrCat(QueueTimeoutMessage(cluster_->options().queue_timeout),
                        " (", why.message(), ")"));
     }
     info.excluded.push_back(target.ref.id);
@@ -192,56 +177,21 @@ async::Task<absl::Status> GenerateCall::ClaimPrefill(
           : +[](WorkerRole r) { return r == WorkerRole::kPrefill; };
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
-    absl::StatusOr<WorkerInfo> prefill = cluster_->ClaimPrefill(role, info);
+    absl::StatusOr<WorkerInfo> prefill =
+        cluster_->ClaimPrefill(role, info, attempt_);
     if (prefill.ok()) {
       prefill_ = *prefill;
-      prefill_tokens_added_ = info.prompt_tokens;
       co_return absl::OkStatus();
     }
     // As for decode: a pool whose heartbeats are only late is waited for.
     if (prefill.status().code() != absl::StatusCode::kUnavailable ||
-        absl::Now() >= queue_deadline ||
+        cluster_->clock().Now() >= queue_deadline ||
         !AnySuspect(cluster_->RoutingCandidates(), info, in_pool)) {
       co_return prefill.status();
     }
     if (!co_await Backoff(backoff)) co_return aborted();
     backoff = std::min(backoff * 2, absl::Milliseconds(100));
   }
-}
-
-bool GenerateCall::ExcludeFailedWorker(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kUnavailable) return false;
-  if (const auto down = status.GetPayload(kWorkerDownPayload)) {
-    const std::string worker(*down);
-    if (decode_.has_value() && worker == decode_->ref.id) {
-      excluded_decode_.push_back(decode_->ref);
-    }
-    if (worker == prefill_->ref.id) excluded_prefill_.push_back(prefill_->ref);
-    return true;
-  }
-  if (FromWorkerRpc(status, WorkerRpc::kPrefill)) {
-    excluded_prefill_.push_back(prefill_->ref);
-    return true;
-  }
-  if (decode_.has_value() && FromWorkerRpc(status, WorkerRpc::kDecode)) {
-    excluded_decode_.push_back(decode_->ref);
-    return true;
-  }
-  // Either side of the handoff may have failed: exclude neither (a dead
-  // one fails its next RPC at once, or is DOWN by then).
-  return FromWorkerRpc(status, WorkerRpc::kPrefillHandoff);
-}
-
-void GenerateCall::NewAttempt(absl::string_view suffix) {
-  const std::string previous = job_.internal_id;
-  job_.internal_id = absl::StrCat(previous, suffix);
-  {
-    absl::MutexLock lock(&mu_);
-    attempt_id_ = job_.internal_id;
-    attempt_abort_ = absl::OkStatus();
-  }
-  cluster_->AddCall(job_.internal_id, shared_from_this());
-  cluster_->RemoveCall(previous);
 }
 
 std::vector<WorkerId> GenerateCall::StillExcluded(

@@ -99,7 +99,7 @@ TEST(ClusterFaultTest, DecodePoolWithoutRoom) {
     } else if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++exhausted;
       EXPECT_THAT(r.status.error_message(),
-                  HasSubstr("no decode worker had room"));
+                  HasSubstr("no worker had room for the request within"));
     } else {
       ADD_FAILURE() << "unexpected end: " << r.status.error_code() << " "
                     << r.status.error_message();

@@ -1,0 +1,154 @@
+// The state machine's edges that end an attempt: the retry decision
+// (OnAttemptFailed, OnWorkerDown), client cancel, deadline and transfer
+// timeout.
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "coordinator/request_state_machine.h"
+
+namespace baton::coordinator {
+
+std::string QueueTimeoutMessage(absl::Duration queue_timeout) {
+  return absl::StrCat("no worker had room for the request within ",
+                      absl::FormatDuration(queue_timeout));
+}
+
+Transition RequestStateMachine::FailAttemptLocked(
+    absl::string_view request_id, Record& rec, const absl::Status& error,
+    const std::optional<WorkerRef>& down) {
+  BATON_CHECK(!error.ok());
+  // Which worker incarnations failed the attempt, from the typed payloads.
+  std::vector<WorkerRef> failed_prefill;
+  std::vector<WorkerRef> failed_decode;
+  bool worker_failed = false;
+  if (error.code() == absl::StatusCode::kUnavailable) {
+    const bool split = !rec.colocated && rec.decode.has_value();
+    if (const auto who = error.GetPayload(kWorkerDownPayload)) {
+      worker_failed = true;
+      if (rec.prefill.has_value() && *who == rec.prefill->id) {
+        failed_prefill.push_back(*rec.prefill);
+      }
+      if (split && *who == rec.decode->id) failed_decode.push_back(*rec.decode);
+    } else if (FromWorkerRpc(error, WorkerRpc::kPrefill) &&
+               rec.prefill.has_value()) {
+      worker_failed = true;
+      failed_prefill.push_back(*rec.prefill);
+    } else if (FromWorkerRpc(error, WorkerRpc::kDecode) &&
+               rec.decode.has_value()) {
+      worker_failed = true;
+      (split ? failed_decode : failed_prefill).push_back(*rec.decode);
+    } else if (FromWorkerRpc(error, WorkerRpc::kPrefillHandoff)) {
+      // Either side of the handoff may have failed: exclude neither (a
+      // dead one fails its next RPC at once, or is DOWN by then).
+      worker_failed = true;
+    }
+  }
+  // A colocated attempt cannot continue a stream on another worker yet.
+  const bool can_migrate =
+      !rec.colocated && rec.migrations < options_.max_migrations;
+  const bool again =
+      worker_failed &&
+      (rec.first_token ? can_migrate : rec.attempt < options_.max_attempts);
+  if (!again) {
+    return TerminateLocked(request_id, rec,
+                           error.code() == absl::StatusCode::kCancelled
+                               ? RequestState::kCancelled
+                               : RequestState::kFailed,
+                           error, down);
+  }
+  Transition t = EndLeasesLocked(request_id, rec, down);
+  t.to = RequestState::kQueued;
+  t.status = error;
+  t.new_attempt = true;
+  t.migration = rec.first_token;
+  rec.excluded_prefill.insert(rec.excluded_prefill.end(),
+                              failed_prefill.begin(), failed_prefill.end());
+  rec.excluded_decode.insert(rec.excluded_decode.end(), failed_decode.begin(),
+                             failed_decode.end());
+  ++rec.attempt;
+  attempts_.erase(rec.attempt_id);
+  if (rec.first_token) {
+    ++rec.migrations;
+    rec.attempt_id = absl::StrCat(request_id, "/migrate", rec.migrations);
+  } else {
+    rec.attempt_id = absl::StrCat(request_id, "/retry", rec.attempt - 1);
+  }
+  attempts_.emplace(rec.attempt_id, std::string(request_id));
+  rec.state = RequestState::kQueued;
+  rec.prefill.reset();
+  rec.decode.reset();
+  rec.colocated = false;
+  rec.queue_deadline = clock_->Now() + options_.queue_timeout;
+  return t;
+}
+
+absl::StatusOr<Transition> RequestStateMachine::Cancel(
+    absl::string_view request_id, absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Record*> found = FindLocked(request_id);
+  if (!found.ok()) return found.status();
+  Record& rec = **found;
+  if (absl::Status s =
+          ExpectLocked(request_id, rec, "Cancel",
+                       {RequestState::kQueued, RequestState::kPrefilling,
+                        RequestState::kTransferring, RequestState::kDecoding});
+      !s.ok()) {
+    return s;
+  }
+  return TerminateLocked(
+      request_id, rec, RequestState::kCancelled,
+      absl::CancelledError(
+          absl::StrCat("request '", request_id, "' cancelled: ", reason)));
+}
+
+absl::StatusOr<Transition> RequestStateMachine::OnDeadline(
+    absl::string_view request_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Record*> found = FindLocked(request_id);
+  if (!found.ok()) return found.status();
+  Record& rec = **found;
+  if (absl::Status s =
+          ExpectLocked(request_id, rec, "OnDeadline",
+                       {RequestState::kQueued, RequestState::kPrefilling,
+                        RequestState::kTransferring, RequestState::kDecoding});
+      !s.ok()) {
+    return s;
+  }
+  return TerminateLocked(request_id, rec, RequestState::kFailed,
+                         absl::DeadlineExceededError(absl::StrCat(
+                             "request '", request_id, "': deadline expired in ",
+                             RequestStateName(rec.state))));
+}
+
+absl::StatusOr<Transition> RequestStateMachine::OnTransferTimeout(
+    absl::string_view attempt_id) {
+  absl::MutexLock lock(&mu_);
+  std::string request_id;
+  absl::StatusOr<Record*> found =
+      FindInStateLocked(attempt_id, "OnTransferTimeout",
+                        {RequestState::kTransferring}, &request_id);
+  if (!found.ok()) return found.status();
+  Record& rec = **found;
+  return TerminateLocked(request_id, rec, RequestState::kFailed,
+                         absl::DeadlineExceededError(absl::StrCat(
+                             "request '", request_id, "': KV transfer from ",
+                             WorkerRefString(*rec.prefill), " to ",
+                             WorkerRefString(*rec.decode), " timed out")));
+}
+
+absl::StatusOr<Transition> RequestStateMachine::OnAttemptFailed(
+    absl::string_view attempt_id, const absl::Status& error) {
+  BATON_CHECK(!error.ok());
+  absl::MutexLock lock(&mu_);
+  std::string request_id;
+  absl::StatusOr<Record*> found =
+      FindInStateLocked(attempt_id, "OnAttemptFailed",
+                        {RequestState::kQueued, RequestState::kPrefilling,
+                         RequestState::kTransferring, RequestState::kDecoding},
+                        &request_id);
+  if (!found.ok()) return found.status();
+  Record& rec = **found;
+  return FailAttemptLocked(request_id, rec, error);
+}
+
+}  // namespace baton::coordinator
