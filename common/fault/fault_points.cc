@@ -16,7 +16,7 @@ namespace baton {
 
 const std::vector<absl::string_view>& KnownFaultPoints() {
   static const std::vector<absl::string_view> points = {
-      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent};
+      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent, kFaultKvReserved};
   return points;
 }
 

@@ -45,6 +45,10 @@ inline constexpr absl::string_view kFaultDecodeStep = "decode_step";
 // worker with N layers sent, mid-transfer; `error` fails the handoff there;
 // `crash` kills the prefill worker there.
 inline constexpr absl::string_view kFaultKvLayerSent = "kv_layer_sent";
+// A decode worker has reserved blocks for a ReserveKv, before its reply:
+// `error` replies UNAVAILABLE while the blocks stay reserved (a reply lost
+// on its way back); `crash` kills the decode worker there.
+inline constexpr absl::string_view kFaultKvReserved = "kv_reserved";
 
 // Every point above; a spec naming another is refused.
 const std::vector<absl::string_view>& KnownFaultPoints();

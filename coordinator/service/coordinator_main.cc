@@ -5,7 +5,8 @@
 //                     [--heartbeat_ms=N] [--lease_ttl_ms=N]
 //                     [--engine_stall_timeout_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
-//                     [--max_migrations=N] [--ttft_slo_ms=N]
+//                     [--max_attempts=N] [--max_migrations=N]
+//                     [--ttft_slo_ms=N]
 //                     [--max_waiting_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
@@ -75,6 +76,9 @@ ABSL_FLAG(int64_t, queue_timeout_ms, 30000,
           "how long a request waits for a decode worker with free KV blocks");
 ABSL_FLAG(int64_t, transfer_timeout_ms, 30000,
           "a KV transfer that takes longer fails the request");
+ABSL_FLAG(int32_t, max_attempts, 3,
+          "attempts a request may take before its first token reaches the "
+          "client, when a worker fails the others (>= 1)");
 ABSL_FLAG(int32_t, max_migrations, 2,
           "times a request whose decode worker fails after tokens were "
           "streamed continues on another decode worker (0: never)");
@@ -219,6 +223,7 @@ int Main() {
   options.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.admission.ttft_slo =
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =
@@ -428,7 +433,8 @@ int main(int argc, char** argv) {
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
-      "[--max_migrations=N] [--ttft_slo_ms=N] [--max_waiting_requests=N] "
+      "[--max_attempts=N] [--max_migrations=N] [--ttft_slo_ms=N] "
+      "[--max_waiting_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "

@@ -141,6 +141,37 @@ TEST(ClusterFaultTest, OrphanedReservationIsFreedAndRequestsProceed) {
   ExpectCleanStop(*cluster);
 }
 
+// The decode worker reserves the blocks but its ReserveKv reply is lost
+// (fault point kv_reserved: UNAVAILABLE while the blocks stay reserved).
+// The request state machine frees them at once (Worker.Cancel of the
+// reservation), and the request is reserved again and answered with the
+// tokens of a fault-free run. Heartbeats are 30 s apart, so only that
+// Cancel, not the heartbeat's orphan sweep, can free the blocks before the
+// 10 s queue timeout (the worker refuses a second reservation of a request
+// id it still holds).
+TEST(ClusterFaultTest, LostReserveKvReplyIsFreedAndTheRequestProceeds) {
+  LocalClusterOptions options;
+  options.heartbeat_ms = 30000;
+  options.lease_ttl_ms = 120000;
+  options.coordinator_flags = {"--queue_timeout_ms=10000"};
+  options.flags_of_worker[1] = {"--fault=kv_reserved:error"};
+  auto cluster = StartOrDie(options);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cluster->workers()[1].role, "decode");
+  v1::GenerateRequest request = LongRequest(0, 24);
+  request.mutable_sampling()->set_temperature(0);
+  const StreamResult faulted = RunGenerate(cluster->baton(), request);
+  EXPECT_TRUE(faulted.status.ok()) << faulted.status.error_message();
+  EXPECT_EQ(faulted.tokens.size(), 24u);
+  ExpectAllFree(*cluster);
+  const StreamResult clean = RunGenerate(cluster->baton(), request);
+  EXPECT_TRUE(clean.status.ok()) << clean.status.error_message();
+  EXPECT_EQ(faulted.tokens, clean.tokens);
+  EXPECT_EQ(faulted.text, clean.text);
+  ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
+}
+
 TEST(ClusterFaultTest, EmptyPoolsAreUnavailableAtOnce) {
   for (const bool prefill_missing : {true, false}) {
     LocalClusterOptions options;

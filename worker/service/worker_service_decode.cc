@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/tsan/annotations.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
@@ -194,6 +195,12 @@ absl::Status WorkerService::Reserve(const v1::ReserveKvRequest& request,
   }
   response->set_blocks_reserved(reservation->num_blocks);
   response->set_cached_blocks(reservation->cached_blocks);
+  if (absl::Status lost = FaultPoints::Global().Hit(kFaultKvReserved);
+      !lost.ok()) {
+    // The blocks stay reserved: the caller must free them (Cancel).
+    return absl::UnavailableError(absl::StrCat(
+        "ReserveKv of '", id, "': the reply was lost (", lost.message(), ")"));
+  }
   return absl::OkStatus();
 }
 
