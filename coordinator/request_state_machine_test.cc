@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -53,7 +55,9 @@ class RequestStateMachineTest : public ::testing::Test {
     EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
   }
 
-  void Reset() { sm_ = std::make_unique<RequestStateMachine>(); }
+  void Reset(const RequestStateMachineOptions& options = {}) {
+    sm_ = std::make_unique<RequestStateMachine>(options);
+  }
 
   std::unique_ptr<RequestStateMachine> sm_ =
       std::make_unique<RequestStateMachine>();
@@ -157,24 +161,39 @@ TEST_F(RequestStateMachineTest, DeadlineFromEveryLiveState) {
   }
 }
 
-TEST_F(RequestStateMachineTest, PhaseFailureFromEveryRunningState) {
-  for (const AbortCase& c : AbortCases()) {
-    if (c.state == State::kQueued) continue;
-    SCOPED_TRACE(RequestStateName(c.state));
-    Reset();
-    DriveTo(c.state, c.mode);
-    auto t = sm_->OnPhaseFailed(kId, absl::DataLossError("checksum mismatch"));
-    ASSERT_TRUE(t.ok()) << t.status();
-    EXPECT_EQ(t->to, State::kFailed);
-    EXPECT_EQ(t->actions, c.actions);
-    EXPECT_EQ(t->status, absl::DataLossError("checksum mismatch"));
-    ExpectNoLeases();
+// Errors that do not say a worker failed end the attempt and the request,
+// in every live state (QUEUED included), whatever the budget: UNAVAILABLE
+// without a typed payload (the message text is not read), a ReserveKv tag,
+// a worker-RPC tag on another code.
+TEST_F(RequestStateMachineTest, NonRetriableAttemptFailureFromEveryLiveState) {
+  const std::vector<std::pair<absl::Status, State>> errors = {
+      {absl::DataLossError("checksum mismatch"), State::kFailed},
+      {absl::UnavailableError("worker p went down"), State::kFailed},
+      {TagWorkerRpc(absl::UnavailableError("x"), WorkerRpc::kReserveKv),
+       State::kFailed},
+      {TagWorkerRpc(absl::InternalError("bug"), WorkerRpc::kPrefill),
+       State::kFailed},
+      {absl::CancelledError("router gave up"), State::kCancelled},
+  };
+  for (const auto& [error, to] : errors) {
+    for (const AbortCase& c : AbortCases()) {
+      SCOPED_TRACE(
+          absl::StrCat(RequestStateName(c.state), " ", error.ToString()));
+      Reset();
+      DriveTo(c.state, c.mode);
+      auto t = sm_->OnAttemptFailed(kId, error);
+      ASSERT_TRUE(t.ok()) << t.status();
+      EXPECT_EQ(t->from, c.state);
+      EXPECT_EQ(t->to, to);
+      EXPECT_FALSE(t->new_attempt);
+      EXPECT_EQ(t->attempt_id, kId);
+      EXPECT_EQ(t->actions, c.actions);
+      EXPECT_EQ(t->status, error);
+      EXPECT_EQ(sm_->Get(kId)->status, error);
+      ExpectNoLeases();
+      EXPECT_THAT(sm_->Loads(), IsEmpty());
+    }
   }
-  // Not accepted while queued: no phase is running.
-  Reset();
-  DriveTo(State::kQueued, Mode::kSplit);
-  EXPECT_EQ(sm_->OnPhaseFailed(kId, absl::InternalError("x")).status().code(),
-            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RequestStateMachineTest, TransferTimeoutOnlyWhileTransferring) {
@@ -199,61 +218,84 @@ TEST_F(RequestStateMachineTest, TransferTimeoutOnlyWhileTransferring) {
   }
 }
 
-// Worker DOWN in every state, for each worker the request involves.
+// Worker DOWN in every state, for each worker the request involves: with
+// the default budget the attempt is retried (before the first token) or
+// migrated (after it, split only); without a budget the request FAILS.
 struct DownCase {
   State state;
   Mode mode;
   WorkerRef down;
-  State to;
+  // With the default options; empty: FAILED (or, QUEUED, same attempt).
+  std::string next_attempt;
+  std::vector<WorkerRef> excluded_prefill;
+  std::vector<WorkerRef> excluded_decode;
   std::vector<CleanupAction> actions;
 };
 
 TEST_F(RequestStateMachineTest, WorkerDownInEveryState) {
+  const std::string kRetry = "r1/retry1";
+  const std::string kMigrate = "r1/migrate1";
+  using A = std::vector<CleanupAction>;
+  using W = std::vector<WorkerRef>;
+  // clang-format off
   const std::vector<DownCase> cases = {
       // A lost reservation sends the request back for another decode worker.
-      {State::kQueued, Mode::kSplit, kD, State::kQueued, {}},
-      {State::kPrefilling, Mode::kSplit, kP, State::kFailed, {FreeKv(kD, kId)}},
-      {State::kPrefilling,
-       Mode::kSplit,
-       kD,
-       State::kFailed,
-       {CancelOnWorker(kP, kId)}},
-      {State::kTransferring,
-       Mode::kSplit,
-       kP,
-       State::kFailed,
-       {FreeKv(kD, kId)}},
-      {State::kTransferring,
-       Mode::kSplit,
-       kD,
-       State::kFailed,
-       {CancelOnWorker(kP, kId)}},
-      {State::kDecoding, Mode::kSplit, kD, State::kFailed, {}},
-      {State::kPrefilling, Mode::kColocated, kB, State::kFailed, {}},
-      {State::kDecoding, Mode::kColocated, kB, State::kFailed, {}},
+      {State::kQueued, Mode::kSplit, kD, "", {}, {}, {}},
+      {State::kPrefilling, Mode::kSplit, kP, kRetry, W{kP}, {},
+       A{FreeKv(kD, kId)}},
+      {State::kPrefilling, Mode::kSplit, kD, kRetry, {}, W{kD},
+       A{CancelOnWorker(kP, kId)}},
+      {State::kTransferring, Mode::kSplit, kP, kMigrate, W{kP}, {},
+       A{FreeKv(kD, kId)}},
+      {State::kTransferring, Mode::kSplit, kD, kMigrate, {}, W{kD},
+       A{CancelOnWorker(kP, kId)}},
+      {State::kDecoding, Mode::kSplit, kD, kMigrate, {}, W{kD}, {}},
+      {State::kPrefilling, Mode::kColocated, kB, kRetry, W{kB}, {}, {}},
+      // A colocated attempt never migrates.
+      {State::kDecoding, Mode::kColocated, kB, "", {}, {}, {}},
   };
-  for (const DownCase& c : cases) {
-    SCOPED_TRACE(absl::StrCat(RequestStateName(c.state), " down ",
-                              WorkerRefString(c.down)));
-    Reset();
-    DriveTo(c.state, c.mode);
-    std::vector<Transition> ts = sm_->OnWorkerDown(c.down);
-    ASSERT_EQ(ts.size(), 1u);
-    EXPECT_EQ(ts[0].from, c.state);
-    EXPECT_EQ(ts[0].to, c.to);
-    EXPECT_EQ(ts[0].actions, c.actions);
-    if (c.to == State::kFailed) {
-      EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kUnavailable);
-      EXPECT_THAT(ts[0].status.message(),
-                  HasSubstr(absl::StrCat("worker ", WorkerRefString(c.down),
-                                         " went down")));
-    } else {
-      EXPECT_THAT(sm_->Get(kId)->tried_decode_workers, ElementsAre("d"));
+  // clang-format on
+  for (bool budget : {true, false}) {
+    for (const DownCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(RequestStateName(c.state), " down ",
+                                WorkerRefString(c.down), " budget ", budget));
+      Reset(budget ? RequestStateMachineOptions{}
+                   : RequestStateMachineOptions{.max_attempts = 1,
+                                                .max_migrations = 0});
+      DriveTo(c.state, c.mode);
+      std::vector<Transition> ts = sm_->OnWorkerDown(c.down);
+      ASSERT_EQ(ts.size(), 1u);
+      const bool queued = c.state == State::kQueued;
+      const bool again = budget && !c.next_attempt.empty();
+      EXPECT_EQ(ts[0].from, c.state);
+      EXPECT_EQ(ts[0].to, queued || again ? State::kQueued : State::kFailed);
+      EXPECT_EQ(ts[0].attempt_id, kId);
+      EXPECT_EQ(ts[0].new_attempt, again);
+      EXPECT_EQ(ts[0].migration, again && c.next_attempt == kMigrate);
+      EXPECT_EQ(ts[0].actions, c.actions);
+      auto snap = sm_->Get(kId);
+      ASSERT_TRUE(snap.ok());
+      EXPECT_EQ(snap->attempt_id, again ? c.next_attempt : kId);
+      EXPECT_EQ(snap->attempt, again ? 2 : 1);
+      EXPECT_EQ(snap->excluded_prefill, again ? c.excluded_prefill : W{});
+      EXPECT_EQ(snap->excluded_decode, again ? c.excluded_decode : W{});
+      if (queued) {
+        EXPECT_THAT(snap->tried_decode_workers, ElementsAre("d"));
+      } else {
+        EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kUnavailable);
+        EXPECT_THAT(ts[0].status.message(),
+                    HasSubstr(absl::StrCat("worker ", WorkerRefString(c.down),
+                                           " went down")));
+        EXPECT_EQ(ts[0].status.GetPayload(kWorkerDownPayload),
+                  absl::Cord(c.down.id));
+        EXPECT_EQ(snap->status, again ? absl::OkStatus() : ts[0].status);
+      }
+      EXPECT_EQ(sm_->leases_released(LeaseRelease::kWorkerDown), 1);
+      ExpectNoLeases();
+      EXPECT_THAT(sm_->Loads(), IsEmpty());
+      // Reported once: a second DOWN of the same worker changes nothing.
+      EXPECT_THAT(sm_->OnWorkerDown(c.down), IsEmpty());
     }
-    EXPECT_EQ(sm_->leases_released(LeaseRelease::kWorkerDown), 1);
-    ExpectNoLeases();
-    // Reported once: a second DOWN of the same worker changes nothing.
-    EXPECT_THAT(sm_->OnWorkerDown(c.down), IsEmpty());
   }
 }
 
@@ -268,7 +310,8 @@ TEST_F(RequestStateMachineTest, WorkerDownLeavesUninvolvedRequestsAlone) {
   // A newer epoch's DOWN covers the older incarnation.
   std::vector<Transition> ts = sm_->OnWorkerDown(WorkerRef{"d", 9});
   ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].to, State::kFailed);
+  EXPECT_TRUE(ts[0].migration);
+  EXPECT_THAT(sm_->Get(kId)->excluded_decode, ElementsAre(kD));
   ExpectNoLeases();
 }
 
@@ -370,15 +413,10 @@ TEST_F(RequestStateMachineTest, TerminalStatesAcceptNoEvent) {
   for (int terminal = 0; terminal < 3; ++terminal) {
     Reset();
     DriveTo(State::kDecoding, Mode::kSplit);
-    if (terminal == 0) {
-      ASSERT_TRUE(sm_->OnFinished(kId).ok());
-    }
-    if (terminal == 1) {
-      ASSERT_TRUE(sm_->Cancel(kId, "c").ok());
-    }
-    if (terminal == 2) {
-      ASSERT_TRUE(sm_->OnDeadline(kId).ok());
-    }
+    ASSERT_TRUE((terminal == 0   ? sm_->OnFinished(kId)
+                 : terminal == 1 ? sm_->Cancel(kId, "c")
+                                 : sm_->OnDeadline(kId))
+                    .ok());
     const State state = StateOf(kId);
     SCOPED_TRACE(RequestStateName(state));
     const std::vector<absl::Status> results = {
@@ -392,7 +430,10 @@ TEST_F(RequestStateMachineTest, TerminalStatesAcceptNoEvent) {
         sm_->Cancel(kId, "late").status(),
         sm_->OnDeadline(kId).status(),
         sm_->OnTransferTimeout(kId).status(),
-        sm_->OnPhaseFailed(kId, absl::InternalError("x")).status(),
+        sm_->OnAttemptFailed(kId, absl::InternalError("x")).status(),
+        sm_->OnAttemptFailed(kId, TagWorkerRpc(absl::UnavailableError("x"),
+                                               WorkerRpc::kDecode))
+            .status(),
     };
     for (const absl::Status& s : results) {
       EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -424,41 +465,6 @@ TEST_F(RequestStateMachineTest, AdmitAndLookupErrors) {
   absl::Status same = sm_->StartPrefill("r", WorkerRef{"d", 2}).status();
   EXPECT_EQ(same.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(same.message(), HasSubstr("colocated"));
-}
-
-TEST_F(RequestStateMachineTest, ExpireDeadlinesFailsOnlyExpiredLiveRequests) {
-  const absl::Time t0 = absl::UnixEpoch();
-  ASSERT_TRUE(sm_->Admit("a", RequestSpec{10, 10, t0 + absl::Seconds(1)}).ok());
-  ASSERT_TRUE(sm_->Admit("b", RequestSpec{10, 10, t0 + absl::Seconds(5)}).ok());
-  ASSERT_TRUE(sm_->Admit("c", RequestSpec{10, 10, t0 + absl::Seconds(2)}).ok());
-  ASSERT_TRUE(sm_->ReserveDecode("a", kD).ok());
-  ASSERT_TRUE(sm_->StartPrefill("a", kP).ok());
-  ASSERT_TRUE(sm_->StartPrefill("c", kB).ok());
-  EXPECT_THAT(sm_->ExpireDeadlines(t0), IsEmpty());
-  std::vector<Transition> ts = sm_->ExpireDeadlines(t0 + absl::Seconds(2));
-  ASSERT_EQ(ts.size(), 2u);
-  EXPECT_EQ(ts[0].request_id, "a");
-  EXPECT_THAT(ts[0].actions,
-              ElementsAre(CancelOnWorker(kP, "a"), FreeKv(kD, "a")));
-  EXPECT_EQ(ts[1].request_id, "c");
-  EXPECT_THAT(ts[1].actions, ElementsAre(CancelOnWorker(kB, "c")));
-  EXPECT_EQ(StateOf("b"), State::kQueued);
-  ASSERT_TRUE(sm_->Cancel("b", "done").ok());
-  ExpectNoLeases();
-}
-
-TEST_F(RequestStateMachineTest, OrphansAreLeasesTheCoordinatorDoesNotTrack) {
-  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{10, 10}).ok());
-  ASSERT_TRUE(sm_->ReserveDecode("r1", kD).ok());
-  ASSERT_TRUE(sm_->Admit("r2", RequestSpec{10, 10}).ok());
-  ASSERT_TRUE(sm_->StartPrefill("r2", kB).ok());
-  EXPECT_THAT(sm_->Orphans(kD, {"r1", "r2", "gone"}),
-              ElementsAre("r2", "gone"));
-  // A new incarnation holds none of the old one's leases.
-  EXPECT_THAT(sm_->Orphans(WorkerRef{"d", 7}, {"r1"}), ElementsAre("r1"));
-  ASSERT_TRUE(sm_->Cancel("r1", "x").ok());
-  ASSERT_TRUE(sm_->Cancel("r2", "x").ok());
-  ExpectNoLeases();
 }
 
 TEST(RequestStateMachineConcurrencyTest, ThreadsDrivingRequestsLeakNothing) {
