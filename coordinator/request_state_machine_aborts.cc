@@ -43,9 +43,7 @@ Transition RequestStateMachine::FailAttemptLocked(
       worker_failed = true;
     }
   }
-  // A colocated attempt cannot continue a stream on another worker yet.
-  const bool can_migrate =
-      !rec.colocated && rec.migrations < options_.max_migrations;
+  const bool can_migrate = rec.migrations < options_.max_migrations;
   const bool again =
       worker_failed &&
       (rec.first_token ? can_migrate : rec.attempt < options_.max_attempts);

@@ -18,16 +18,17 @@
 // A worker that dies: before the first token reached the client (the
 // prefill worker was gone or died mid-prompt, or either worker went DOWN),
 // the request starts over without it, up to ClusterOptions::max_attempts in
-// all. After it, a split request migrates, up to max_migrations times: when
+// all. After it, the request migrates, up to max_migrations times: when
 // its decode worker fails (the Decode stream breaks, the worker goes DOWN or
 // ends the request on its own) or its prefill worker fails mid-handoff, a
 // new attempt prefills the prompt again (its first token must equal the
 // one streamed) and hands the KV to another decode worker, whose Decode
 // continues from every token the client already has: the random stream is
 // counter-based and the kernels batch-invariant, so the rest of the output
-// is the one a fault-free run gives, with no gap and no duplicate. Past the
-// budget, or for a colocated request, the request fails with UNAVAILABLE
-// (retriable).
+// is the one a fault-free run gives, with no gap and no duplicate. A
+// colocated request moves to another `both` worker, which generates again
+// the tokens the client has and streams from the first it lacks. Past the
+// budget the request fails with UNAVAILABLE (retriable).
 #ifndef BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 #define BATON_COORDINATOR_SERVICE_GENERATE_CALL_H_
 

@@ -31,24 +31,35 @@ using ::testing::HasSubstr;
 // leak nothing. The fault comes at a known point: every request has
 // streamed at least two tokens from the victim, the only decode worker
 // then; a second decode worker joins just before it.
+// Colocated, the same holds with `both` workers: the new worker prefills
+// and generates the request again and streams from the first token the
+// client lacks.
 enum class DecodeFault { kKill, kFreeze };
 
-void ExpectMigratedWithIdenticalOutput(DecodeFault fault) {
+void ExpectMigratedWithIdenticalOutput(DecodeFault fault,
+                                       bool colocated = false) {
   LocalClusterOptions options;
-  const int victim = 1;
+  if (colocated) {
+    options.prefill = 0;
+    options.decode = 0;
+    options.both = 1;
+  }
+  const std::string role = colocated ? "both" : "decode";
+  const int victim = colocated ? 0 : 1;
   auto cluster = StartOrDie(options);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_EQ(cluster->workers()[victim].role, "decode");
+  ASSERT_EQ(cluster->workers()[victim].role, role);
   constexpr int kRequests = 4;
   constexpr int kTokens = 120;
   const std::vector<v1::GenerateRequest> requests =
       MixedLongRequests(kRequests, kTokens);
   StreamsUnderway streams(cluster->baton(), requests, /*min_tokens=*/2,
                           /*staggered=*/true);
-  const absl::StatusOr<int> joined = cluster->AddWorker("decode");
+  const absl::StatusOr<int> joined = cluster->AddWorker(role);
   EXPECT_TRUE(joined.ok()) << joined.status();
   if (joined.ok()) {
-    const absl::Status healthy = cluster->WaitHealthy(3, absl::Seconds(120));
+    const absl::Status healthy =
+        cluster->WaitHealthy(colocated ? 2 : 3, absl::Seconds(120));
     EXPECT_TRUE(healthy.ok()) << healthy;
   }
   if (fault == DecodeFault::kKill) {
@@ -81,6 +92,12 @@ TEST(ClusterWorkerFaultTest, DecodeWorkerKilledMidRequestMigrates) {
 // requests move on; once continued, the frozen worker frees what it held.
 TEST(ClusterWorkerFaultTest, DecodeWorkerFrozenMidRequestMigrates) {
   ExpectMigratedWithIdenticalOutput(DecodeFault::kFreeze);
+}
+
+// A colocated worker SIGKILLed mid-stream: its requests move to the other
+// `both` worker.
+TEST(ClusterWorkerFaultTest, ColocatedWorkerKilledMidRequestMigrates) {
+  ExpectMigratedWithIdenticalOutput(DecodeFault::kKill, /*colocated=*/true);
 }
 
 // The same fault with migration off (--max_migrations=0): the victim's

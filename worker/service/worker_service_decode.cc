@@ -1,5 +1,6 @@
 // The decode half of WorkerService: KV reservations, imports landing, Decode
 // streams, and starting an imported sequence on the engine.
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -310,9 +311,13 @@ absl::Status WorkerService::AttachDecodeLocked(
           entry.decode != nullptr ? "' already has a Decode stream"
                                   : "' has not produced its first token"));
     }
-    // The prefill stream carried the first token.
+    // The prefill stream carried the first token; a request that moved
+    // here (a migration) generates again every token its client has, which
+    // are skipped too.
+    const int64_t skip =
+        std::max<int64_t>(1, request.generated_token_ids_size());
     entry.decode = std::make_unique<DecodeStream>(
-        reactor, /*skip_tokens=*/1, request.emitted_text_bytes(), 0.0);
+        reactor, skip, request.emitted_text_bytes(), 0.0);
     for (const RequestOutput& out : entry.buffered) entry.decode->Forward(out);
     entry.buffered.clear();
     if (entry.finished) locals_.erase(local);
