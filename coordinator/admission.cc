@@ -11,6 +11,7 @@ namespace {
 
 constexpr absl::string_view kQueueFull = "queue_full";
 constexpr absl::string_view kTtftSlo = "ttft_slo";
+constexpr absl::string_view kRunningFull = "running_full";
 
 double Millis(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
@@ -27,6 +28,12 @@ absl::Status ValidateAdmissionOptions(const AdmissionOptions& options) {
         absl::StrFormat("max_waiting_requests must be >= 0 (0: no bound), "
                         "got %d",
                         options.max_waiting_requests));
+  }
+  if (options.max_running_requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_running_requests must be >= 0 (0: no bound), "
+                        "got %d",
+                        options.max_running_requests));
   }
   return absl::OkStatus();
 }
@@ -45,7 +52,7 @@ absl::Duration EstimateTtft(const WorkerInfo& worker,
 
 AdmissionVerdict Admit(const AdmissionOptions& options,
                        const Candidates& candidates, const RequestInfo& request,
-                       int64_t waiting_requests) {
+                       int64_t waiting_requests, int64_t running_requests) {
   AdmissionVerdict verdict;
   if (options.max_waiting_requests > 0 &&
       waiting_requests >= options.max_waiting_requests) {
@@ -55,6 +62,16 @@ AdmissionVerdict Admit(const AdmissionOptions& options,
         "overloaded: %d requests are waiting for their first token, the "
         "limit (--max_waiting_requests); retry after %s",
         waiting_requests, absl::FormatDuration(verdict.retry_after)));
+    return verdict;
+  }
+  if (options.max_running_requests > 0 &&
+      running_requests >= options.max_running_requests) {
+    verdict.reason = kRunningFull;
+    verdict.retry_after = absl::Seconds(1);
+    verdict.status = absl::ResourceExhaustedError(absl::StrFormat(
+        "overloaded: %d requests are running, the limit "
+        "(--max_running_requests); retry after %s",
+        running_requests, absl::FormatDuration(verdict.retry_after)));
     return verdict;
   }
   const WorkerRole role = PrefillRole(candidates, request.model_id);

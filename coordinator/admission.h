@@ -3,9 +3,12 @@
 // RESOURCE_EXHAUSTED at once instead of queueing the request until its
 // queue timeout (and holding its resources meanwhile).
 //
-// Two limits:
+// Three limits:
 //   - the queue: requests admitted and not yet at their first token; one
 //     more than max_waiting_requests is refused ("queue_full");
+//   - the streams: requests admitted and not yet ended, whatever their
+//     phase (what the coordinator's memory holds a stream for); one more
+//     than max_running_requests is refused ("running_full");
 //   - the time to first token: the estimate is the least, over the workers
 //     that would prefill it, of (prompt tokens queued there + this prompt's
 //     tokens the worker's prefix cache does not hold) / the prefill rate the
@@ -37,6 +40,8 @@ struct AdmissionOptions {
   // Requests admitted and not yet at their first token, at most. 0: no
   // bound.
   int64_t max_waiting_requests = 1024;
+  // Requests admitted and not yet ended, at most. 0: no bound.
+  int64_t max_running_requests = 16384;
 };
 
 // InvalidArgument naming the option when negative.
@@ -65,13 +70,14 @@ absl::Duration EstimateTtft(const WorkerInfo& worker,
 
 // The verdict for `request` given the registry's view (with the
 // coordinator's own bookkeeping added, Cluster::RoutingCandidates) and the
-// number of requests already admitted and waiting for their first token.
+// numbers of requests already admitted and waiting for their first token,
+// and admitted and not yet ended (`running_requests`, >= waiting).
 // The pool is the one GenerateCall routes to (SplitServing): prefill-role
 // workers when one is up, else `both` workers; an empty pool admits (the
 // route then names the missing workers).
 AdmissionVerdict Admit(const AdmissionOptions& options,
                        const Candidates& candidates, const RequestInfo& request,
-                       int64_t waiting_requests);
+                       int64_t waiting_requests, int64_t running_requests = 0);
 
 }  // namespace baton::coordinator
 

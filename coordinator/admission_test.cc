@@ -14,8 +14,7 @@ using ::testing::HasSubstr;
 constexpr char kModel[] = "smollm2-135m";
 
 WorkerInfo Worker(absl::string_view id, WorkerRole role, int64_t queued,
-                  double rate,
-                  WorkerHealth health = WorkerHealth::kHealthy) {
+                  double rate, WorkerHealth health = WorkerHealth::kHealthy) {
   WorkerInfo w;
   w.ref = WorkerRef{std::string(id), 1};
   w.registration.role = role;
@@ -111,9 +110,9 @@ TEST(AdmissionTest, SplitServingEstimatesOnPrefillWorkersOnly) {
 }
 
 TEST(AdmissionTest, SkipsUnhealthyAndOtherModelsAndAdmitsOnAnEmptyPool) {
-  Candidates c = {Worker("w1", WorkerRole::kBoth, 0, 1000,
-                         WorkerHealth::kDraining),
-                  Worker("w2", WorkerRole::kBoth, 9000, 1000)};
+  Candidates c = {
+      Worker("w1", WorkerRole::kBoth, 0, 1000, WorkerHealth::kDraining),
+      Worker("w2", WorkerRole::kBoth, 9000, 1000)};
   EXPECT_EQ(Admit(Slo(1000), c, Request(100), 0).reason, "ttft_slo");
   c[1].registration.model_id = "other";
   // No eligible worker: admitted, so the route names what is missing.
@@ -133,6 +132,22 @@ TEST(AdmissionTest, FullQueueRefusesBeforeAnyEstimate) {
   EXPECT_TRUE(Admit(Slo(0, 0), c, Request(100), 100000).status.ok());
 }
 
+TEST(AdmissionTest, TooManyRunningStreamsAreRefused) {
+  const Candidates c = {Worker("w1", WorkerRole::kBoth, 0, 1000)};
+  AdmissionOptions options;
+  options.max_waiting_requests = 0;
+  options.max_running_requests = 3;
+  const AdmissionVerdict v = Admit(options, c, Request(100), 0, 3);
+  EXPECT_EQ(v.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(v.reason, "running_full");
+  EXPECT_EQ(v.retry_after, absl::Seconds(1));
+  EXPECT_THAT(v.status.message(), HasSubstr("3 requests are running"));
+  EXPECT_THAT(v.status.message(), HasSubstr("--max_running_requests"));
+  EXPECT_TRUE(Admit(options, c, Request(100), 0, 2).status.ok());
+  options.max_running_requests = 0;
+  EXPECT_TRUE(Admit(options, c, Request(100), 0, 1000000).status.ok());
+}
+
 TEST(AdmissionTest, OptionsAreValidated) {
   EXPECT_TRUE(ValidateAdmissionOptions(AdmissionOptions{}).ok());
   AdmissionOptions bad;
@@ -142,6 +157,10 @@ TEST(AdmissionTest, OptionsAreValidated) {
   bad.max_waiting_requests = -1;
   EXPECT_THAT(ValidateAdmissionOptions(bad).message(),
               HasSubstr("max_waiting_requests"));
+  bad = AdmissionOptions{};
+  bad.max_running_requests = -1;
+  EXPECT_THAT(ValidateAdmissionOptions(bad).message(),
+              HasSubstr("max_running_requests"));
 }
 
 }  // namespace

@@ -328,12 +328,15 @@ AdmissionVerdict Cluster::Admit(const RequestInfo& request) {
     const Candidates all = RoutingCandidates();
     RequestInfo info = request;
     FillCachedTokens(all, &info);
-    verdict = coordinator::Admit(options_.admission, all, info, waiting_);
+    verdict =
+        coordinator::Admit(options_.admission, all, info, waiting_, running_);
   } else {  // the queue bound needs no view of the workers
-    verdict = coordinator::Admit(options_.admission, {}, request, waiting_);
+    verdict =
+        coordinator::Admit(options_.admission, {}, request, waiting_, running_);
   }
   if (verdict.status.ok()) {
     ++waiting_;
+    ++running_;
   } else {
     metrics_->OnRequestShed(verdict.reason, verdict.status);
   }
@@ -345,6 +348,11 @@ void Cluster::EndWaiting() {
   absl::MutexLock claim(&claim_mu_);
   if (waiting_ > 0) --waiting_;
   metrics_->SetWaiting(waiting_);
+}
+
+void Cluster::EndRunning() {
+  absl::MutexLock claim(&claim_mu_);
+  if (running_ > 0) --running_;
 }
 
 int64_t Cluster::waiting_requests() const {

@@ -177,6 +177,8 @@ class Cluster {
   // An admitted request reached its first token or ended; once per
   // admitted request.
   void EndWaiting();
+  // An admitted request ended (its call is gone); once per admitted request.
+  void EndRunning();
   // Admitted requests that have not reached their first token.
   int64_t waiting_requests() const;
 
@@ -220,6 +222,7 @@ class Cluster {
       ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t waiting_ ABSL_GUARDED_BY(claim_mu_) = 0;
+  int64_t running_ ABSL_GUARDED_BY(claim_mu_) = 0;
 
   absl::Notification stop_;
   std::thread sweeper_;

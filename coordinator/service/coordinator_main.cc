@@ -7,7 +7,7 @@
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--max_attempts=N] [--max_migrations=N]
 //                     [--ttft_slo_ms=N]
-//                     [--max_waiting_requests=N]
+//                     [--max_waiting_requests=N] [--max_running_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
 //                     [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]
@@ -87,6 +87,10 @@ ABSL_FLAG(int64_t, ttft_slo_ms, 0,
           "Retry-After) when its estimated time to first token, from the "
           "prompt tokens queued on the prefill workers and their measured "
           "prefill rate, is above this (0: no estimate-based refusal)");
+ABSL_FLAG(int64_t, max_running_requests, 16384,
+          "refuse a request at once (RESOURCE_EXHAUSTED) while this many "
+          "admitted requests have not ended, whatever their phase: a bound "
+          "on the streams the coordinator holds (0: no bound)");
 ABSL_FLAG(int64_t, max_waiting_requests, 1024,
           "requests admitted and not yet at their first token, at most; one "
           "more is refused at once (RESOURCE_EXHAUSTED, HTTP 429; 0: no "
@@ -228,6 +232,8 @@ int Main() {
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =
       absl::GetFlag(FLAGS_max_waiting_requests);
+  options.admission.max_running_requests =
+      absl::GetFlag(FLAGS_max_running_requests);
   RequestLimits& limits = options.limits;
   limits.max_request_id_bytes = absl::GetFlag(FLAGS_max_request_id_bytes);
   limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
@@ -434,7 +440,7 @@ int main(int argc, char** argv) {
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
       "[--max_attempts=N] [--max_migrations=N] [--ttft_slo_ms=N] "
-      "[--max_waiting_requests=N] "
+      "[--max_waiting_requests=N] [--max_running_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "

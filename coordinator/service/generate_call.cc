@@ -115,7 +115,10 @@ GenerateCall::GenerateCall(Cluster* cluster, GenerateJob job,
       inter_token_(cluster->metrics().NewInterTokenAccumulator()),
       attempt_id_(job_.internal_id) {}
 
-GenerateCall::~GenerateCall() { LeaveWaiting(); }
+GenerateCall::~GenerateCall() {
+  LeaveWaiting();
+  cluster_->EndRunning();
+}
 
 void GenerateCall::Abort(absl::string_view attempt_id,
                          const absl::Status& status) {

@@ -146,6 +146,56 @@ TEST(ClusterAdmissionTest, AFullQueueIsRefusedAtOnceWithARetryDelay) {
   EXPECT_TRUE(c.Stop().ok());
 }
 
+// The bound on streams (--max_running_requests) counts admitted requests
+// in any phase: with two held behind a stopped worker, a third is refused
+// at once even though the waiting queue is unbounded.
+TEST(ClusterAdmissionTest, TooManyRunningStreamsAreRefusedAtOnce) {
+  LocalClusterOptions options;
+  options.prefill = 0;
+  options.decode = 0;
+  options.both = 1;
+  options.lease_ttl_ms = 600000;
+  options.http = true;  // for /metrics
+  options.coordinator_flags = {"--max_waiting_requests=0",
+                               "--max_running_requests=2"};
+  options.worker_flags = {"--fault=prefill_step:stop"};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  std::vector<StreamResult> results(2);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < results.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] =
+          RunGenerate(c.baton(), ChatRequest("Name a colour.", 6, 0, i));
+    });
+  }
+  absl::StatusOr<int> stopped = c.WaitForStoppedWorker(DefaultTestDeadline());
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_TRUE(WaitForStatus(c, [](const v1::GetClusterStatusResponse& s) {
+    return s.active_requests() == 2;
+  })) << "the two requests never both reached the coordinator";
+  const StreamResult refused =
+      RunGenerate(c.baton(), ChatRequest("Name a tree.", 6, 0, 3));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << Describe(refused);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("2 requests are running"));
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("--max_running_requests"));
+  EXPECT_EQ(ShedCount(c, "running_full"), 1);
+  c.workers()[static_cast<size_t>(*stopped)].process->Signal(SIGCONT);
+  for (std::thread& t : threads) t.join();
+  for (const StreamResult& r : results) {
+    EXPECT_TRUE(r.status.ok() && r.has_result) << Describe(r);
+  }
+  // Ended requests leave room.
+  const StreamResult later =
+      RunGenerate(c.baton(), ChatRequest("Name a tree.", 6, 0, 3));
+  EXPECT_TRUE(later.status.ok() && later.has_result) << Describe(later);
+  EXPECT_TRUE(c.Stop().ok());
+}
+
 TEST(ClusterAdmissionTest, AnEstimateAboveTheTtftSloIsRefusedOnArrival) {
   LocalClusterOptions options;
   options.prefill = 1;
