@@ -1,13 +1,12 @@
 // A seeded random walk over the request state machine: 10k events (valid and
 // invalid, stale attempt ids, attempt failures that retry, migrate or end the
 // request, worker deaths, re-registrations and drains, lost reservation
-// replies, sweeps of deadlines and of the queue and transfer timers on a fake
-// clock) on 50 request ids and 6 workers. A model of the workers' pools
-// applies exactly the leases the protocol creates (by attempt id) and the
-// cleanup actions the state machine emits; after every event it must equal
-// the state machine's live leases, every free must hit a held lease (freed
-// exactly once), the loads must be those the requests' states imply, and at
-// the end nothing is held and no load is left.
+// replies, deadline, queue and transfer timers on a fake clock) on 50 request
+// ids and 6 workers. A model of the workers' pools applies exactly the leases
+// the protocol creates (by attempt id) and the actions the state machine
+// emits; after every event it must equal the live leases, every free must
+// hit a held lease, the loads must be those the requests' states imply, and
+// at the end nothing is held and no load is left.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -186,10 +185,8 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
   // worker failed it (`retriable`) and the budget allows.
   auto check_ended = [&](const RequestSnapshot& before, const Transition& t,
                          const absl::Status& error, bool retriable) {
-    const bool budget =
-        before.first_token
-            ? !before.colocated && before.migrations < kMaxMigrations
-            : before.attempt < kMaxAttempts;
+    const bool budget = before.first_token ? before.migrations < kMaxMigrations
+                                           : before.attempt < kMaxAttempts;
     ASSERT_EQ(t.attempt_id, before.attempt_id);
     ASSERT_EQ(t.new_attempt, retriable && budget) << error;
     ASSERT_EQ(t.status, error);
@@ -351,20 +348,9 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
                                       absl::FailedPreconditionError("drain"),
                                       absl::UnavailableError("reset"),
                                       absl::DeadlineExceededError("late")};
-          const int idx = lost ? 3 + uniform(2) : uniform(3);
-          if (step == 44) {
-            std::printf("idx %d %s refused %lld action %lld live %zu\n", idx, why[idx].ToString().c_str(), (long long)sm.leases_released(LeaseRelease::kRefused), (long long)sm.leases_released(LeaseRelease::kCleanupAction), sm.LiveLeases().size());
-            auto g = sm.Get(id);
-            std::printf("state %s attempt %s decode %s\n", std::string(RequestStateName(g->state)).c_str(), g->attempt_id.c_str(), g->decode_worker ? WorkerRefString(*g->decode_worker).c_str() : "none");
-          }
-          t = sm.OnReserveRefused(attempt, w, why[idx]);
-          if (step == 44) std::printf("after refused %lld action %lld live %zu\n", (long long)sm.leases_released(LeaseRelease::kRefused), (long long)sm.leases_released(LeaseRelease::kCleanupAction), sm.LiveLeases().size());
-          if (step == 44) std::printf("t %s actions %zu\n", t.ok() ? "ok" : t.status().ToString().c_str(), t.ok() ? t->actions.size() : 0);
+          t = sm.OnReserveRefused(attempt, w,
+                                  why[lost ? 3 + uniform(2) : uniform(3)]);
           if (!t.ok()) break;
-          if (t->actions.size() != (lost ? 1u : 0u)) {
-            std::printf("BAD event %d lost %d step %d\n", event, lost, step);
-            for (const auto& x : why) std::printf("  why %s\n", x.ToString().c_str());
-          }
           ASSERT_EQ(t->actions, lost ? std::vector{FreeKv(w, attempt)}
                                      : std::vector<CleanupAction>{});
           if (!lost) pools.Free(w, attempt);  // never held: undo the Hold
@@ -503,8 +489,7 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       static_cast<long long>(sm.leases_released(LeaseRelease::kRefused)),
       static_cast<long long>(sm.leases_released(LeaseRelease::kWorkerDown)));
   std::string edges;
-  for (const auto& [name, count] : n)
-    absl::StrAppend(&edges, " ", name, " ", count, ";");
+  for (const auto& [k, c] : n) absl::StrAppend(&edges, " ", k, " ", c, ";");
   std::printf("edges:%s\n", edges.c_str());
 }
 

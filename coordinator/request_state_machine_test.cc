@@ -220,12 +220,12 @@ TEST_F(RequestStateMachineTest, TransferTimeoutOnlyWhileTransferring) {
 
 // Worker DOWN in every state, for each worker the request involves: with
 // the default budget the attempt is retried (before the first token) or
-// migrated (after it, split only); without a budget the request FAILS.
+// migrated (after it); without a budget the request FAILS.
 struct DownCase {
   State state;
   Mode mode;
   WorkerRef down;
-  // With the default options; empty: FAILED (or, QUEUED, same attempt).
+  // With the default options; empty: QUEUED in the same attempt.
   std::string next_attempt;
   std::vector<WorkerRef> excluded_prefill;
   std::vector<WorkerRef> excluded_decode;
@@ -251,8 +251,7 @@ TEST_F(RequestStateMachineTest, WorkerDownInEveryState) {
        A{CancelOnWorker(kP, kId)}},
       {State::kDecoding, Mode::kSplit, kD, kMigrate, {}, W{kD}, {}},
       {State::kPrefilling, Mode::kColocated, kB, kRetry, W{kB}, {}, {}},
-      // A colocated attempt never migrates.
-      {State::kDecoding, Mode::kColocated, kB, "", {}, {}, {}},
+      {State::kDecoding, Mode::kColocated, kB, kMigrate, W{kB}, {}, {}},
   };
   // clang-format on
   for (bool budget : {true, false}) {

@@ -151,9 +151,18 @@ async::Task<absl::Status> GenerateCall::Route() {
     // worker may have reserved).
     auto refused =
         cluster_->requests().OnReserveRefused(attempt_, target.ref, why);
-    if (!refused.ok()) co_return refused.status();
-    cluster_->PerformCleanup(*refused);
-    if (IsTerminal(refused->to)) co_return refused->status;
+    if (!refused.ok()) {
+      // The sweeper dropped the reservation first (its worker went DOWN):
+      // the attempt goes on, routed elsewhere.
+      auto now = cluster_->requests().Get(job_.internal_id);
+      if (!now.ok() || now->state != RequestState::kQueued ||
+          now->attempt_id != attempt_ || now->decode_worker.has_value()) {
+        co_return refused.status();
+      }
+    } else {
+      cluster_->PerformCleanup(*refused);
+      if (IsTerminal(refused->to)) co_return refused->status;
+    }
     if (wait && code == grpc::StatusCode::RESOURCE_EXHAUSTED &&
         clock.Now() >= queue_deadline) {
       co_return absl::ResourceExhaustedError(
@@ -184,7 +193,9 @@ async::Task<absl::Status> GenerateCall::ClaimPrefill(
       co_return absl::OkStatus();
     }
     // As for decode: a pool whose heartbeats are only late is waited for.
+    // A reservation lost to a DOWN worker ends the attempt instead.
     if (prefill.status().code() != absl::StatusCode::kUnavailable ||
+        prefill.status().GetPayload(kWorkerDownPayload).has_value() ||
         cluster_->clock().Now() >= queue_deadline ||
         !AnySuspect(cluster_->RoutingCandidates(), info, in_pool)) {
       co_return prefill.status();
