@@ -316,11 +316,16 @@ absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
   if (!found.ok()) return found.status();
   Record& rec = **found;
   if (split && !rec.decode.has_value()) {
-    const std::string lost =
-        rec.tried_decode.empty() ? "" : rec.tried_decode.back();
+    if (rec.tried_decode.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request '", request_id,
+                       "': StartPrefill of a split attempt without a decode "
+                       "reservation"));
+    }
+    const std::string& lost = rec.tried_decode.back();
     absl::Status down = absl::UnavailableError(
         absl::StrCat("request '", request_id, "': its decode reservation on ",
-                     lost, " was lost (the worker went down)"));
+                     lost, " was dropped before the prefill started"));
     down.SetPayload(kWorkerDownPayload, absl::Cord(lost));
     return down;
   }

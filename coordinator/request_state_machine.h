@@ -166,7 +166,8 @@ struct RequestSnapshot {
   std::optional<WorkerRef> prefill_worker;
   std::optional<WorkerRef> decode_worker;
   bool colocated = false;
-  // Decode workers that refused a reservation or went DOWN holding one.
+  // Decode workers that refused a reservation of the current attempt or
+  // went DOWN holding one.
   std::vector<WorkerId> tried_decode_workers;
   // Worker incarnations that failed an attempt (the request avoids them;
   // a new incarnation of the same worker may serve it).
@@ -200,8 +201,9 @@ class RequestStateMachine {
 
   // --- Forward edges ---------------------------------------------------------
   // Everywhere below `attempt_id` names the attempt the event is about (the
-  // request id for the first): FailedPrecondition for an attempt that is
-  // over (the request went on under a new one); NotFound for an unknown id;
+  // request id for the first): FailedPrecondition (the first attempt) or
+  // NotFound (a later one) for an attempt that is over (the request went on
+  // under a new one); NotFound for an unknown id;
   // FailedPrecondition naming the current and the required state for an
   // event the state does not accept (terminal states accept none).
 
@@ -253,8 +255,9 @@ class RequestStateMachine {
   // Any live state: the attempt failed with `error` (a worker RPC failed,
   // the router gave up, the call was aborted). When `error` says a worker
   // failed (UNAVAILABLE with kWorkerDownPayload, or with kWorkerRpcPayload
-  // kPrefill, kPrefillHandoff or kDecode) and the budget allows, -> QUEUED
-  // under a new attempt, excluding that worker; otherwise -> CANCELLED for
+  // kPrefill, kPrefillHandoff or kDecode, naming a worker the attempt holds)
+  // and the budget allows, -> QUEUED under a new attempt, excluding that
+  // worker; otherwise -> CANCELLED for
   // a CANCELLED error, -> FAILED with `error` for any other.
   // REQUIRES: !error.ok().
   absl::StatusOr<Transition> OnAttemptFailed(absl::string_view attempt_id,

@@ -71,11 +71,19 @@ Transition RequestStateMachine::FailAttemptLocked(
   } else {
     rec.attempt_id = absl::StrCat(request_id, "/retry", rec.attempt - 1);
   }
+  // Unique among requests and attempts, even against a request id that
+  // happens to look like an attempt's.
+  for (int n = 2;
+       requests_.contains(rec.attempt_id) || attempts_.contains(rec.attempt_id);
+       ++n) {
+    rec.attempt_id = absl::StrCat(rec.attempt_id, "~", n);
+  }
   attempts_.emplace(rec.attempt_id, std::string(request_id));
   rec.state = RequestState::kQueued;
   rec.prefill.reset();
   rec.decode.reset();
   rec.colocated = false;
+  rec.tried_decode.clear();
   rec.queue_deadline = clock_->Now() + options_.queue_timeout;
   return t;
 }

@@ -464,7 +464,7 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
   EXPECT_GT(n["queue timeouts"], 50);
   EXPECT_GT(n["transfer timeouts"], 40);
   EXPECT_GT(n["stale rejected"], 20);
-  EXPECT_GT(n["split without reservation"], 30);
+  EXPECT_GT(n["split without reservation"], 5);  // only after a drop
 
   // Cancel everything still live: nothing may remain on any worker.
   for (const std::string& id : ids) {

@@ -303,8 +303,10 @@ TEST_F(RequestStateMachineTest, WorkerDownLeavesUninvolvedRequestsAlone) {
   // The prefill worker's lease ended at the handoff.
   EXPECT_THAT(sm_->OnWorkerDown(kP), IsEmpty());
   EXPECT_THAT(sm_->OnWorkerDown(kD2), IsEmpty());
-  // An older incarnation of the decode worker does not own this lease.
+  // Only this incarnation of the decode worker owns the lease.
   EXPECT_THAT(sm_->OnWorkerDown(WorkerRef{"d", 1}), IsEmpty());
+  EXPECT_THAT(sm_->Orphans(kD, {kId, "gone"}), ElementsAre("gone"));
+  EXPECT_THAT(sm_->Orphans(WorkerRef{"d", 9}, {kId}), ElementsAre(kId));
   EXPECT_EQ(StateOf(kId), State::kDecoding);
   // A newer epoch's DOWN covers the older incarnation.
   std::vector<Transition> ts = sm_->OnWorkerDown(WorkerRef{"d", 9});
