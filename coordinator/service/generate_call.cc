@@ -164,7 +164,8 @@ async::Detach GenerateCall::Run(std::shared_ptr<GenerateCall> self) {
   spec.max_tokens = job_.sampling.max_tokens();
   spec.deadline = job_.deadline;
   absl::Status status = requests.Admit(job_.internal_id, spec);
-  bool again = status.ok();
+  const bool admitted = status.ok();
+  bool again = admitted;
   while (again) {
     BeginAttempt();
     status = co_await Route();
@@ -174,12 +175,14 @@ async::Detach GenerateCall::Run(std::shared_ptr<GenerateCall> self) {
   if (!status.ok()) Fail(std::move(status));
   // Every path above ends the record; a live one here is a bug, and must
   // not leave blocks held.
-  if (auto snapshot = requests.Get(job_.internal_id);
-      snapshot.ok() && !IsTerminal(snapshot->state)) {
-    auto cancelled = requests.Cancel(job_.internal_id, "the call ended");
-    if (cancelled.ok()) cluster_->PerformCleanup(*cancelled);
+  if (admitted) {
+    if (auto snapshot = requests.Get(job_.internal_id);
+        snapshot.ok() && !IsTerminal(snapshot->state)) {
+      auto cancelled = requests.Cancel(job_.internal_id, "the call ended");
+      if (cancelled.ok()) cluster_->PerformCleanup(*cancelled);
+    }
+    requests.Forget(job_.internal_id).IgnoreError();
   }
-  requests.Forget(job_.internal_id).IgnoreError();
   if (!end_recorded_) {
     // Every path ends in SendResult or Fail; this keeps
     // baton_requests_active exact if one ever does not.
