@@ -205,13 +205,7 @@ nlohmann::json RunOne(int num_workers, int num_streams) {
   }
   streams.clear();
   scale::Eventually([&] { return (*cluster)->active_calls() == 0; });
-  (*cluster)->Shutdown();
-  coordinator->server->Shutdown(std::chrono::system_clock::now() +
-                                std::chrono::seconds(1));
-  for (RunningServer& w : workers) {
-    w.server->Shutdown(std::chrono::system_clock::now() +
-                       std::chrono::seconds(1));
-  }
+  scale::StopAll(**cluster, *coordinator, workers);
 
   nlohmann::json row;
   row["workers"] = num_workers;

@@ -50,30 +50,36 @@ absl::Duration EstimateTtft(const WorkerInfo& worker,
   return absl::Seconds(static_cast<double>(tokens) / rate);
 }
 
+namespace {
+
+// Refused by a count limit: `count` requests `what`, the limit `flag`.
+AdmissionVerdict Full(absl::string_view reason, int64_t count,
+                      absl::string_view what, absl::string_view flag) {
+  AdmissionVerdict verdict;
+  verdict.reason = reason;
+  verdict.retry_after = absl::Seconds(1);
+  verdict.status = absl::ResourceExhaustedError(absl::StrFormat(
+      "overloaded: %d requests %s, the limit (%s); retry after %s", count, what,
+      flag, absl::FormatDuration(verdict.retry_after)));
+  return verdict;
+}
+
+}  // namespace
+
 AdmissionVerdict Admit(const AdmissionOptions& options,
                        const Candidates& candidates, const RequestInfo& request,
                        int64_t waiting_requests, int64_t running_requests) {
-  AdmissionVerdict verdict;
   if (options.max_waiting_requests > 0 &&
       waiting_requests >= options.max_waiting_requests) {
-    verdict.reason = kQueueFull;
-    verdict.retry_after = absl::Seconds(1);
-    verdict.status = absl::ResourceExhaustedError(absl::StrFormat(
-        "overloaded: %d requests are waiting for their first token, the "
-        "limit (--max_waiting_requests); retry after %s",
-        waiting_requests, absl::FormatDuration(verdict.retry_after)));
-    return verdict;
+    return Full(kQueueFull, waiting_requests,
+                "are waiting for their first token", "--max_waiting_requests");
   }
   if (options.max_running_requests > 0 &&
       running_requests >= options.max_running_requests) {
-    verdict.reason = kRunningFull;
-    verdict.retry_after = absl::Seconds(1);
-    verdict.status = absl::ResourceExhaustedError(absl::StrFormat(
-        "overloaded: %d requests are running, the limit "
-        "(--max_running_requests); retry after %s",
-        running_requests, absl::FormatDuration(verdict.retry_after)));
-    return verdict;
+    return Full(kRunningFull, running_requests, "are running",
+                "--max_running_requests");
   }
+  AdmissionVerdict verdict;
   const WorkerRole role = PrefillRole(candidates, request.model_id);
   absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
       EligiblePrefill(candidates, request);

@@ -107,13 +107,7 @@ TEST(GenerateScaleTest, FiveThousandStreamsCostAFewThreads) {
   EXPECT_EQ(finished, kStreams);
   streams.clear();
   EXPECT_TRUE(Eventually([&] { return (*cluster)->active_calls() == 0; }));
-  (*cluster)->Shutdown();
-  coordinator->server->Shutdown(std::chrono::system_clock::now() +
-                                std::chrono::seconds(1));
-  for (RunningServer& w : workers) {
-    w.server->Shutdown(std::chrono::system_clock::now() +
-                       std::chrono::seconds(1));
-  }
+  scale::StopAll(**cluster, *coordinator, workers);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "common/grpc/serving.h"
 #include "coordinator/service/cluster.h"
 
 namespace baton::coordinator::scale {
@@ -250,6 +251,19 @@ inline absl::Status RegisterFakeWorker(v1::Coordinator::Stub& control,
   if (status.ok()) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat("RegisterWorker: ", status.error_message()));
+}
+
+// Ends the cluster's calls, then stops the coordinator's and the workers'
+// servers (1 s grace each).
+inline void StopAll(Cluster& cluster, RunningServer& coordinator,
+                    std::vector<RunningServer>& workers) {
+  cluster.Shutdown();
+  coordinator.server->Shutdown(std::chrono::system_clock::now() +
+                               std::chrono::seconds(1));
+  for (RunningServer& w : workers) {
+    w.server->Shutdown(std::chrono::system_clock::now() +
+                       std::chrono::seconds(1));
+  }
 }
 
 }  // namespace baton::coordinator::scale

@@ -79,6 +79,29 @@ double ShedCount(LocalCluster& cluster, const std::string& reason) {
   return std::stod(metrics->substr(at + key.size()));
 }
 
+// Starts two requests (greedy and seeded) on `c`, whose worker stops at its
+// first prefill step (--fault=prefill_step:stop), and returns once the
+// worker stopped and the coordinator counts both: they wait for their first
+// token until the caller continues the worker and joins `threads`.
+void HoldTwo(LocalCluster& c, std::vector<StreamResult>* results,
+             std::vector<std::thread>* threads, int* stopped) {
+  const std::vector<v1::GenerateRequest> requests = {
+      ChatRequest("Name a colour.", 6, 0, 1),
+      ChatRequest("Name a fruit.", 6, 0.7, 2)};
+  results->resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads->emplace_back([&c, results, requests, i] {
+      (*results)[i] = RunGenerate(c.baton(), requests[i]);
+    });
+  }
+  absl::StatusOr<int> worker = c.WaitForStoppedWorker(DefaultTestDeadline());
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  *stopped = *worker;
+  ASSERT_TRUE(WaitForStatus(c, [](const v1::GetClusterStatusResponse& s) {
+    return s.active_requests() == 2;
+  })) << "the two requests never both reached the coordinator";
+}
+
 TEST(ClusterAdmissionTest, AFullQueueIsRefusedAtOnceWithARetryDelay) {
   LocalClusterOptions options;
   options.prefill = 0;
@@ -95,20 +118,10 @@ TEST(ClusterAdmissionTest, AFullQueueIsRefusedAtOnceWithARetryDelay) {
   LocalCluster& c = **cluster;
 
   // Two requests wait for their first token behind the stopped worker.
-  std::vector<v1::GenerateRequest> requests = {
-      ChatRequest("Name a colour.", 6, 0, 1),
-      ChatRequest("Name a fruit.", 6, 0.7, 2)};
-  std::vector<StreamResult> results(requests.size());
+  std::vector<StreamResult> results(2);
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { results[i] = RunGenerate(c.baton(), requests[i]); });
-  }
-  absl::StatusOr<int> stopped = c.WaitForStoppedWorker(DefaultTestDeadline());
-  ASSERT_TRUE(stopped.ok()) << stopped.status();
-  ASSERT_TRUE(WaitForStatus(c, [](const v1::GetClusterStatusResponse& s) {
-    return s.active_requests() == 2;
-  })) << "the two requests never both reached the coordinator";
+  int stopped = -1;
+  ASSERT_NO_FATAL_FAILURE(HoldTwo(c, &results, &threads, &stopped));
 
   // A third: refused on arrival, naming the limit, with a retry delay.
   const StreamResult refused =
@@ -131,7 +144,7 @@ TEST(ClusterAdmissionTest, AFullQueueIsRefusedAtOnceWithARetryDelay) {
 
   // The worker goes on: the admitted requests complete, and the queue has
   // room again.
-  c.workers()[static_cast<size_t>(*stopped)].process->Signal(SIGCONT);
+  c.workers()[static_cast<size_t>(stopped)].process->Signal(SIGCONT);
   for (std::thread& t : threads) t.join();
   for (const StreamResult& r : results) {
     EXPECT_TRUE(r.status.ok()) << Describe(r);
@@ -164,17 +177,8 @@ TEST(ClusterAdmissionTest, TooManyRunningStreamsAreRefusedAtOnce) {
   LocalCluster& c = **cluster;
   std::vector<StreamResult> results(2);
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < results.size(); ++i) {
-    threads.emplace_back([&, i] {
-      results[i] =
-          RunGenerate(c.baton(), ChatRequest("Name a colour.", 6, 0, i));
-    });
-  }
-  absl::StatusOr<int> stopped = c.WaitForStoppedWorker(DefaultTestDeadline());
-  ASSERT_TRUE(stopped.ok()) << stopped.status();
-  ASSERT_TRUE(WaitForStatus(c, [](const v1::GetClusterStatusResponse& s) {
-    return s.active_requests() == 2;
-  })) << "the two requests never both reached the coordinator";
+  int stopped = -1;
+  ASSERT_NO_FATAL_FAILURE(HoldTwo(c, &results, &threads, &stopped));
   const StreamResult refused =
       RunGenerate(c.baton(), ChatRequest("Name a tree.", 6, 0, 3));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -184,7 +188,7 @@ TEST(ClusterAdmissionTest, TooManyRunningStreamsAreRefusedAtOnce) {
   EXPECT_THAT(refused.status.error_message(),
               HasSubstr("--max_running_requests"));
   EXPECT_EQ(ShedCount(c, "running_full"), 1);
-  c.workers()[static_cast<size_t>(*stopped)].process->Signal(SIGCONT);
+  c.workers()[static_cast<size_t>(stopped)].process->Signal(SIGCONT);
   for (std::thread& t : threads) t.join();
   for (const StreamResult& r : results) {
     EXPECT_TRUE(r.status.ok() && r.has_result) << Describe(r);
