@@ -39,6 +39,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc/serving.h"
 #include "common/test_util.h"
 #include "coordinator/service/coordinator_services.h"
@@ -53,6 +54,9 @@ ABSL_FLAG(int, call_threads, 4, "the coordinator's executor threads");
 ABSL_FLAG(double, rate, 2000,
           "new streams per second (evenly spaced; 0: all at once)");
 ABSL_FLAG(std::string, json, "", "also write the figures to this file");
+ABSL_FLAG(bool, deadlock_detection, false,
+          "keep Abseil's mutex deadlock detection on (the servers turn it "
+          "off, as here by default; tests keep it)");
 
 namespace baton::coordinator {
 namespace {
@@ -271,5 +275,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   return baton::coordinator::Main();
 }

@@ -39,6 +39,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth/api_keys.h"
 #include "common/auth/bearer_interceptor.h"
 #include "common/grpc/serving.h"
@@ -49,6 +50,10 @@
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
 
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "check the order of every mutex acquisition against a global lock "
+          "graph and abort on a cycle (Abseil's deadlock detection: costly "
+          "under load; the tests turn it on)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port of the public Baton API (clients; port 0: any free "
           "port)");
@@ -446,5 +451,9 @@ int main(int argc, char** argv) {
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "
       "--control_tls_ca=PEM] [--api_keys_file=PATH]");
   absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(
+      absl::GetFlag(FLAGS_mutex_deadlock_detection)
+          ? absl::OnDeadlockCycle::kAbort
+          : absl::OnDeadlockCycle::kIgnore);
   return baton::coordinator::Main();
 }

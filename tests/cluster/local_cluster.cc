@@ -77,8 +77,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--model=" + DefaultModelPath(),
         absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
         absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
-        absl::StrCat("--drain_timeout_s=",
-                     options.coordinator_drain_timeout_s)};
+        absl::StrCat("--drain_timeout_s=", options.coordinator_drain_timeout_s),
+        "--mutex_deadlock_detection"};
     if (options.coordinators > 1) {
       argv.push_back(absl::StrCat("--coordinator_id=replica", r));
     }
@@ -133,6 +133,7 @@ std::vector<std::string> LocalCluster::WorkerArgv(
       absl::StrCat("--threads=", options_.threads),
       absl::StrCat("--kv_cache_mib=", mib),
       absl::StrCat("--drain_timeout_s=", options_.drain_timeout_s),
+      "--mutex_deadlock_detection",
       "--coordinator=" + ControlAddresses()};
   argv.insert(argv.end(), options_.worker_flags.begin(),
               options_.worker_flags.end());
