@@ -234,6 +234,17 @@ nlohmann::json RunOne(int num_workers, int num_streams) {
 }
 
 int Main() {
+  const std::vector<int> worker_counts =
+      ParseList(absl::GetFlag(FLAGS_workers));
+  for (int w : worker_counts) {
+    if (w < 2) {
+      std::fprintf(stderr,
+                   "--workers: %d is below 2 (one prefill and one "
+                   "decode worker at least)\n",
+                   w);
+      return 2;
+    }
+  }
   std::printf("host: ");
   std::fflush(stdout);
   if (std::system("scripts/host_info.sh 2>/dev/null | head -1") != 0) {
@@ -248,7 +259,7 @@ int Main() {
               "streams", "ramp r/s", "coordTTFT", "p99", "clientTTFT", "p99",
               "threads", "RSS MiB", "KiB/strm", "CPU ms/r", "errors");
   nlohmann::json rows = nlohmann::json::array();
-  for (int w : ParseList(absl::GetFlag(FLAGS_workers))) {
+  for (int w : worker_counts) {
     for (int n : ParseList(absl::GetFlag(FLAGS_streams))) {
       nlohmann::json row = RunOne(w, n);
       std::printf(
