@@ -39,21 +39,17 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "common/auth/api_keys.h"
 #include "common/auth/bearer_interceptor.h"
 #include "common/grpc/serving.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
+#include "common/mutex_checks.h"
 #include "coordinator/http/openai_gateway.h"
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
 
-ABSL_FLAG(bool, mutex_deadlock_detection, false,
-          "check the order of every mutex acquisition against a global lock "
-          "graph and abort on a cycle (Abseil's deadlock detection: costly "
-          "under load; the tests turn it on)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port of the public Baton API (clients; port 0: any free "
           "port)");
@@ -451,9 +447,6 @@ int main(int argc, char** argv) {
       "[--tls_client_ca=PEM]] [--control_tls_cert=PEM --control_tls_key=PEM "
       "--control_tls_ca=PEM] [--api_keys_file=PATH]");
   absl::ParseCommandLine(argc, argv);
-  absl::SetMutexDeadlockDetectionMode(
-      absl::GetFlag(FLAGS_mutex_deadlock_detection)
-          ? absl::OnDeadlockCycle::kAbort
-          : absl::OnDeadlockCycle::kIgnore);
+  baton::ApplyMutexChecksFlag();
   return baton::coordinator::Main();
 }

@@ -33,13 +33,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/fault/fault_points.h"
 #include "common/grpc/serving.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
+#include "common/mutex_checks.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/model_bundle.h"
 #include "worker/service/coordinator_membership.h"
@@ -55,10 +55,6 @@
 #include "worker/service/gpu_kv_paths.h"
 #endif
 
-ABSL_FLAG(bool, mutex_deadlock_detection, false,
-          "check the order of every mutex acquisition against a global lock "
-          "graph and abort on a cycle (Abseil's deadlock detection: costly "
-          "under load; the tests turn it on)");
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port of the Worker gRPC service (port 0: any free port)");
@@ -495,9 +491,6 @@ int main(int argc, char** argv) {
       "[--kv_listen=HOST:PORT] "
       "[--coordinator=HOST:PORT] [--metrics_listen=HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
-  absl::SetMutexDeadlockDetectionMode(
-      absl::GetFlag(FLAGS_mutex_deadlock_detection)
-          ? absl::OnDeadlockCycle::kAbort
-          : absl::OnDeadlockCycle::kIgnore);
+  baton::ApplyMutexChecksFlag();
   return baton::Main();
 }
