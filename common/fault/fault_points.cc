@@ -16,7 +16,8 @@ namespace baton {
 
 const std::vector<absl::string_view>& KnownFaultPoints() {
   static const std::vector<absl::string_view> points = {
-      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent, kFaultKvReserved};
+      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent, kFaultKvReserved,
+      kFaultKvImportStarted};
   return points;
 }
 

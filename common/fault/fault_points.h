@@ -49,6 +49,10 @@ inline constexpr absl::string_view kFaultKvLayerSent = "kv_layer_sent";
 // `error` replies UNAVAILABLE while the blocks stay reserved (a reply lost
 // on its way back); `crash` kills the decode worker there.
 inline constexpr absl::string_view kFaultKvReserved = "kv_reserved";
+// A decode worker's KV receiver has taken the first frame of a transfer
+// (the sender proved its secret), before any layer is written: `stop`
+// pauses the decode worker mid-import; `error` rejects the transfer.
+inline constexpr absl::string_view kFaultKvImportStarted = "kv_import_started";
 
 // Every point above; a spec naming another is refused.
 const std::vector<absl::string_view>& KnownFaultPoints();

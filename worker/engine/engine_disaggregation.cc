@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/status_macros.h"
 #include "worker/engine/engine.h"
 
@@ -295,7 +296,9 @@ KvReceiverCallbacks Engine::ImportCallbacks() {
   callbacks.secret = [this](uint64_t transfer_id) {
     return ImportSecret(transfer_id);
   };
-  callbacks.lookup = [this](uint64_t transfer_id) {
+  callbacks.lookup =
+      [this](uint64_t transfer_id) -> absl::StatusOr<KvTransferTarget> {
+    BATON_RETURN_IF_ERROR(FaultPoints::Global().Hit(kFaultKvImportStarted));
     return ImportTarget(transfer_id);
   };
   callbacks.on_done = [this](uint64_t transfer_id, absl::Status status) {
