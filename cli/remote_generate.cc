@@ -219,6 +219,7 @@ Json RemoteJson(const GenerateCall& call, bool logprobs, bool show_probs) {
   j["decode_worker"] = r.decode_worker().worker_id();
   j["kv_transport"] = TransportName(r.kv_transport());
   j["migrations"] = r.migrations();
+  j["retries"] = r.retries();
   if (r.has_stop_string()) j["stop_string"] = r.stop_string();
   if (r.has_stop_token_id()) j["stop_token_id"] = r.stop_token_id();
   return j;
@@ -244,6 +245,12 @@ std::string RemoteSummary(const GenerateCall& call) {
                           "[moved to another decode worker %d time(s) after "
                           "a fault; the output is unchanged]\n",
                           r.migrations());
+  }
+  if (r.retries() > 0) {
+    absl::StrAppendFormat(&s,
+                          "[started over %d time(s) after a fault before the "
+                          "first token; the output is unchanged]\n",
+                          r.retries());
   }
   return s;
 }

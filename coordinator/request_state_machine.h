@@ -256,9 +256,11 @@ class RequestStateMachine {
   // the router gave up, the call was aborted). When `error` says a worker
   // failed (UNAVAILABLE with kWorkerDownPayload, or with kWorkerRpcPayload
   // kPrefill, kPrefillHandoff or kDecode, naming a worker the attempt holds)
-  // and the budget allows, -> QUEUED under a new attempt, excluding that
-  // worker; otherwise -> CANCELLED for
-  // a CANCELLED error, -> FAILED with `error` for any other.
+  // or that the KV bytes arrived corrupted (DATA_LOSS with kPrefillHandoff
+  // or kDecode), and the budget allows, -> QUEUED under a new attempt,
+  // excluding the failed worker (none for corrupted bytes); otherwise
+  // -> CANCELLED for a CANCELLED error, -> FAILED with `error` for any
+  // other.
   // REQUIRES: !error.ok().
   absl::StatusOr<Transition> OnAttemptFailed(absl::string_view attempt_id,
                                              const absl::Status& error);

@@ -20,32 +20,40 @@ Transition RequestStateMachine::FailAttemptLocked(
   // Which worker incarnations failed the attempt, from the typed payloads.
   std::vector<WorkerRef> failed_prefill;
   std::vector<WorkerRef> failed_decode;
-  bool worker_failed = false;
-  if (error.code() == absl::StatusCode::kUnavailable) {
+  bool retriable = false;
+  if (error.code() == absl::StatusCode::kDataLoss &&
+      (FromWorkerRpc(error, WorkerRpc::kPrefillHandoff) ||
+       FromWorkerRpc(error, WorkerRpc::kDecode))) {
+    // The KV bytes arrived corrupted (a checksum mismatch): the next
+    // attempt computes and moves them again. Neither worker is excluded
+    // (the bytes failed, not a worker); the budget bounds a link that
+    // corrupts every time.
+    retriable = true;
+  } else if (error.code() == absl::StatusCode::kUnavailable) {
     const bool split = !rec.colocated && rec.decode.has_value();
     if (const auto who = error.GetPayload(kWorkerDownPayload)) {
-      worker_failed = true;
+      retriable = true;
       if (rec.prefill.has_value() && *who == rec.prefill->id) {
         failed_prefill.push_back(*rec.prefill);
       }
       if (split && *who == rec.decode->id) failed_decode.push_back(*rec.decode);
     } else if (FromWorkerRpc(error, WorkerRpc::kPrefill) &&
                rec.prefill.has_value()) {
-      worker_failed = true;
+      retriable = true;
       failed_prefill.push_back(*rec.prefill);
     } else if (FromWorkerRpc(error, WorkerRpc::kDecode) &&
                rec.decode.has_value()) {
-      worker_failed = true;
+      retriable = true;
       (split ? failed_decode : failed_prefill).push_back(*rec.decode);
     } else if (FromWorkerRpc(error, WorkerRpc::kPrefillHandoff)) {
       // Either side of the handoff may have failed: exclude neither (a
       // dead one fails its next RPC at once, or is DOWN by then).
-      worker_failed = true;
+      retriable = true;
     }
   }
   const bool can_migrate = rec.migrations < options_.max_migrations;
   const bool again =
-      worker_failed &&
+      retriable &&
       (rec.first_token ? can_migrate : rec.attempt < options_.max_attempts);
   if (!again) {
     return TerminateLocked(request_id, rec,

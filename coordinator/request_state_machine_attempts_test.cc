@@ -1,22 +1,15 @@
-// The request state machine's attempts (retries, migrations, stale ids), the
-// load it counts, lost reservation replies and the queue and transfer timers.
-#include <map>
-#include <memory>
-#include <optional>
+// The request state machine's attempts: retries, migrations, corrupted KV
+// bytes and stale attempt ids.
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "absl/strings/cord.h"
-#include "absl/strings/match.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/clock.h"
-#include "coordinator/request_state_machine.h"
-#include "coordinator/worker_rpc.h"
+#include "coordinator/request_state_machine_test_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace baton::coordinator {
+namespace baton::coordinator::testing {
 namespace {
 
 using ::testing::AnyOf;
@@ -24,94 +17,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::StartsWith;
-using State = RequestState;
-using Loads = std::map<WorkerId, RequestLoad>;
-
-const WorkerRef kP{"p", 1};    // prefill
-const WorkerRef kP2{"p2", 2};  // prefill
-const WorkerRef kD{"d", 3};    // decode
-const WorkerRef kD2{"d2", 4};  // decode
-const WorkerRef kB{"b", 5};    // both
-
-// A worker RPC broke (UNAVAILABLE, tagged).
-absl::Status RpcFailed(WorkerRpc rpc) {
-  return TagWorkerRpc(
-      absl::UnavailableError(absl::StrCat(WorkerRpcName(rpc), " stream broke")),
-      rpc);
-}
-
-class RequestStateMachineAttemptsTest : public ::testing::Test {
- protected:
-  RequestStateMachineAttemptsTest() { Make({}); }
-
-  void Make(RequestStateMachineOptions options) {
-    options.clock = &clock_;
-    sm_ = std::make_unique<RequestStateMachine>(options);
-  }
-
-  // Drives `attempt` from QUEUED without a reservation to `target`: split
-  // (reserving `blocks` on `decode`), or colocated on `prefill` without one.
-  void Drive(absl::string_view attempt, State target, const WorkerRef& prefill,
-             const std::optional<WorkerRef>& decode, int64_t blocks = 8) {
-    ASSERT_TRUE(!decode.has_value() ||
-                sm_->ReserveDecode(attempt, *decode, blocks).ok());
-    if (target == State::kQueued) return;
-    ASSERT_TRUE(sm_->StartPrefill(attempt, prefill, decode.has_value()).ok());
-    if (target == State::kPrefilling) return;
-    ASSERT_TRUE(sm_->OnFirstToken(attempt).ok());
-    if (target == State::kTransferring || !decode.has_value()) return;
-    ASSERT_TRUE(sm_->OnHandoff(attempt).ok());
-  }
-
-  enum class Next { kRetry, kMigrate, kFail };
-  // `t` ended its attempt with `actions`: a retry, a migration or FAILED.
-  static void ExpectEnded(const Transition& t, Next next,
-                          const std::vector<CleanupAction>& actions) {
-    EXPECT_EQ(t.to, next == Next::kFail ? State::kFailed : State::kQueued);
-    EXPECT_EQ(t.new_attempt, next != Next::kFail);
-    EXPECT_EQ(t.migration, next == Next::kMigrate);
-    EXPECT_EQ(t.actions, actions);
-  }
-
-  // Request `id` waits, QUEUED, in a new attempt `attempt_id` (number
-  // `attempt`; a migration after the first token, or a retry before it).
-  void ExpectRequeued(absl::string_view id, absl::string_view attempt_id,
-                      int attempt,
-                      const std::vector<WorkerRef>& excluded_prefill,
-                      const std::vector<WorkerRef>& excluded_decode) const {
-    const RequestSnapshot snap = Snap(id);
-    EXPECT_EQ(snap.state, State::kQueued);
-    EXPECT_EQ(snap.attempt_id, attempt_id);
-    EXPECT_EQ(snap.attempt, attempt);
-    EXPECT_EQ(snap.first_token, absl::StrContains(attempt_id, "/migrate"));
-    EXPECT_EQ(snap.excluded_prefill, excluded_prefill);
-    EXPECT_EQ(snap.excluded_decode, excluded_decode);
-    EXPECT_FALSE(snap.prefill_worker.has_value());
-    EXPECT_FALSE(snap.decode_worker.has_value());
-    EXPECT_FALSE(snap.colocated);
-    EXPECT_TRUE(snap.status.ok());
-  }
-  static Transition Ok(const absl::StatusOr<Transition>& t) {
-    EXPECT_TRUE(t.ok()) << t.status();
-    return t.ok() ? *t : Transition{};
-  }
-
-  RequestSnapshot Snap(absl::string_view id = "r1") const {
-    absl::StatusOr<RequestSnapshot> snap = sm_->Get(id);
-    EXPECT_TRUE(snap.ok()) << snap.status();
-    return snap.ok() ? *snap : RequestSnapshot{};
-  }
-
-  void ExpectClean() const {
-    EXPECT_THAT(sm_->LiveLeases(), IsEmpty());
-    EXPECT_THAT(sm_->Loads(), IsEmpty());
-    EXPECT_EQ(sm_->leases_acquired(), sm_->leases_released());
-    EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
-  }
-
-  FakeClock clock_;
-  std::unique_ptr<RequestStateMachine> sm_;
-};
 
 TEST_F(RequestStateMachineAttemptsTest, RetriesBeforeTheFirstToken) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
@@ -231,6 +136,41 @@ TEST_F(RequestStateMachineAttemptsTest, HandoffFailureAfterRetryMigrates) {
   ExpectClean();
 }
 
+// KV bytes that arrived corrupted (DATA_LOSS from the handoff or the decode
+// side) start a new attempt excluding no worker; DATA_LOSS from anywhere
+// else (an untagged status, a ReserveKv) ends the request.
+TEST_F(RequestStateMachineAttemptsTest, CorruptedKvBytesAreSentAgain) {
+  auto corrupted = [](WorkerRpc rpc) {
+    return TagWorkerRpc(absl::DataLossError("checksum of layer 2 mismatch"),
+                        rpc);
+  };
+  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r1", State::kPrefilling, kP, kD));
+  Transition t =
+      Ok(sm_->OnAttemptFailed("r1", corrupted(WorkerRpc::kPrefillHandoff)));
+  ExpectEnded(t, Next::kRetry, {CancelOnWorker(kP, "r1"), FreeKv(kD, "r1")});
+  ExpectRequeued("r1", "r1/retry1", 2, {}, {});
+  ASSERT_NO_FATAL_FAILURE(Drive("r1/retry1", State::kTransferring, kP, kD));
+  t = Ok(sm_->OnAttemptFailed("r1/retry1", corrupted(WorkerRpc::kDecode)));
+  ExpectEnded(t, Next::kMigrate,
+              {CancelOnWorker(kP, "r1/retry1"), FreeKv(kD, "r1/retry1")});
+  ExpectRequeued("r1", "r1/migrate1", 3, {}, {});
+  ExpectClean();
+
+  for (const absl::Status& final_error :
+       {absl::DataLossError("untagged"), corrupted(WorkerRpc::kReserveKv),
+        corrupted(WorkerRpc::kPrefill)}) {
+    SCOPED_TRACE(final_error.ToString());
+    Make({});
+    ASSERT_TRUE(sm_->Admit("r2", RequestSpec{100, 50}).ok());
+    ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD));
+    t = Ok(sm_->OnAttemptFailed("r2", final_error));
+    ExpectEnded(t, Next::kFail, {CancelOnWorker(kP, "r2"), FreeKv(kD, "r2")});
+    EXPECT_EQ(Snap("r2").status, final_error);
+    ExpectClean();
+  }
+}
+
 TEST_F(RequestStateMachineAttemptsTest, WorkerDownMidTransferStartsAttempts) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
   ASSERT_TRUE(sm_->Admit("r2", RequestSpec{40, 10}).ok());
@@ -322,178 +262,5 @@ TEST_F(RequestStateMachineAttemptsTest, StaleAttemptIdsChangeNothing) {
             absl::StatusCode::kAlreadyExists);
 }
 
-TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
-  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
-  ASSERT_TRUE(sm_->Admit("r2", RequestSpec{30, 10}).ok());
-  ASSERT_TRUE(sm_->Admit("r3", RequestSpec{7, 10}).ok());
-  ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8}}}));
-  ASSERT_TRUE(
-      sm_->OnReserveRefused("r1", kD, absl::ResourceExhaustedError("x")).ok());
-  EXPECT_THAT(sm_->Loads(), IsEmpty());
-  ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
-  ASSERT_TRUE(sm_->StartPrefill("r1", kP, true).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8}}, {"p", {100, 0}}}));
-  ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD2, 3));
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {130, 0}}}));
-  ASSERT_TRUE(sm_->OnFirstToken("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
-  ASSERT_TRUE(sm_->OnHandoff("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
-  ASSERT_TRUE(sm_->OnFinished("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 3}}, {"p", {30, 0}}}));
-  // A new attempt drops the old one's load.
-  ASSERT_TRUE(sm_->OnAttemptFailed("r2", RpcFailed(WorkerRpc::kPrefill)).ok());
-  EXPECT_THAT(sm_->Loads(), IsEmpty());
-  // Colocated: prompt tokens only, until the first token.
-  ASSERT_TRUE(sm_->StartPrefill("r3", kB).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"b", {7, 0}}}));
-  ASSERT_TRUE(sm_->OnFirstToken("r3").ok());
-  EXPECT_THAT(sm_->Loads(), IsEmpty());
-  ASSERT_TRUE(sm_->OnFinished("r3").ok());
-  // Cancel and deadline drop it too.
-  ASSERT_TRUE(sm_->ReserveDecode("r2/retry1", kD, 5).ok());
-  ASSERT_TRUE(sm_->Admit("r4", RequestSpec{20, 10}).ok());
-  ASSERT_NO_FATAL_FAILURE(Drive("r4", State::kPrefilling, kP2, kD2, 6));
-  EXPECT_EQ(sm_->Loads(),
-            (Loads{{"d", {0, 5}}, {"d2", {0, 6}}, {"p2", {20, 0}}}));
-  ASSERT_TRUE(sm_->Cancel("r2", "x").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 6}}, {"p2", {20, 0}}}));
-  ASSERT_TRUE(sm_->OnDeadline("r4").ok());
-  ExpectClean();
-}
-
-TEST_F(RequestStateMachineAttemptsTest, LostReservationReplyFreesTheBlocks) {
-  Make({.max_decode_attempts = 6});
-  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
-  // Refused: nothing was held. Any other code: the worker may have
-  // reserved; the action frees it.
-  const std::vector<std::pair<absl::Status, bool>> replies = {
-      {absl::ResourceExhaustedError("full"), false},
-      {absl::InvalidArgumentError("too big"), false},
-      {absl::FailedPreconditionError("draining"), false},
-      {absl::UnavailableError("connection reset"), true},
-      {absl::DeadlineExceededError("no reply"), true},
-      {absl::UnknownError("?"), true}};
-  for (size_t i = 0; i < replies.size(); ++i) {
-    const auto& [why, lost] = replies[i];
-    SCOPED_TRACE(why.ToString());
-    ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
-    Transition t = Ok(sm_->OnReserveRefused("r1", kD2, why));
-    EXPECT_EQ(t.to, i + 1 < replies.size() ? State::kQueued : State::kFailed);
-    EXPECT_EQ(t.actions, lost ? std::vector{FreeKv(kD2, "r1")}
-                              : std::vector<CleanupAction>{});
-    ExpectClean();
-  }
-  EXPECT_EQ(sm_->leases_released(LeaseRelease::kRefused), 3);
-  EXPECT_EQ(sm_->leases_released(LeaseRelease::kCleanupAction), 3);
-  EXPECT_EQ(Snap().tried_decode_workers.size(), 6u);
-  EXPECT_EQ(Snap().status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(Snap().status.message(), HasSubstr("after 6 attempts"));
-}
-
-TEST_F(RequestStateMachineAttemptsTest, SplitPrefillAfterTheReservationDied) {
-  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
-  ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
-  ASSERT_EQ(sm_->OnWorkerDown(kD).size(), 1u);
-  const absl::Status lost = sm_->StartPrefill("r1", kP, true).status();
-  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(lost.GetPayload(kWorkerDownPayload), absl::Cord("d"));
-  EXPECT_EQ(Snap().state, State::kQueued);
-  ExpectClean();
-  ExpectEnded(Ok(sm_->OnAttemptFailed("r1", lost)), Next::kRetry, {});
-  ExpectRequeued("r1", "r1/retry1", 2, {}, {});
-  EXPECT_THAT(Snap().tried_decode_workers, IsEmpty());  // a new attempt
-  ASSERT_TRUE(sm_->Cancel("r1", "done").ok());
-  ExpectClean();
-}
-
-TEST_F(RequestStateMachineAttemptsTest, QueueTimeoutWaitsOnlyUnreserved) {
-  Make({.queue_timeout = absl::Seconds(10)});
-  for (const char* id : {"a", "b", "c"}) {
-    ASSERT_TRUE(sm_->Admit(id, RequestSpec{10, 10}).ok());
-  }
-  EXPECT_EQ(Snap("a").queue_deadline, absl::UnixEpoch() + absl::Seconds(10));
-  ASSERT_TRUE(sm_->ReserveDecode("b", kD, 2).ok());
-  ASSERT_NO_FATAL_FAILURE(Drive("c", State::kPrefilling, kP, kD2));
-  clock_.Advance(absl::Seconds(9));
-  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
-  clock_.Advance(absl::Seconds(1));
-  std::vector<Transition> ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].request_id, "a");
-  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(ts[0].status.message()),
-              StartsWith(QueueTimeoutMessage(absl::Seconds(10))));
-  // A held reservation suspends the timer; when it ends the timer fires.
-  clock_.Advance(absl::Seconds(20));
-  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
-  ASSERT_TRUE(
-      sm_->OnReserveRefused("b", kD, absl::ResourceExhaustedError("x")).ok());
-  ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].request_id, "b");
-  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
-  // A new attempt restarts it.
-  ASSERT_TRUE(sm_->OnAttemptFailed("c", RpcFailed(WorkerRpc::kPrefill)).ok());
-  EXPECT_EQ(Snap("c").queue_deadline, clock_.Now() + absl::Seconds(10));
-  clock_.Advance(absl::Seconds(9));
-  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
-  clock_.Advance(absl::Seconds(1));
-  ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].attempt_id, "c/retry1");
-  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(ts[0].status.message(), HasSubstr("attempt 2"));
-  ExpectClean();
-}
-
-TEST_F(RequestStateMachineAttemptsTest, TransferTimeoutAndDeadlines) {
-  Make({.transfer_timeout = absl::Seconds(5)});
-  const absl::Time t0 = clock_.Now();
-  for (const char* id : {"a", "b", "c"}) {
-    ASSERT_TRUE(sm_->Admit(id, RequestSpec{10, 10}).ok());
-  }
-  ASSERT_TRUE(sm_->Admit("e", RequestSpec{10, 10, t0 + absl::Seconds(3)}).ok());
-  ASSERT_NO_FATAL_FAILURE(Drive("a", State::kTransferring, kP, kD));
-  ASSERT_NO_FATAL_FAILURE(Drive("e", State::kPrefilling, kB, {}));
-  clock_.Advance(absl::Seconds(2));
-  ASSERT_NO_FATAL_FAILURE(Drive("b", State::kTransferring, kP2, kD2));
-  clock_.Advance(absl::Seconds(2));
-  std::vector<Transition> ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);  // e's deadline
-  EXPECT_EQ(ts[0].request_id, "e");
-  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(ts[0].actions, ElementsAre(CancelOnWorker(kB, "e")));
-  clock_.Advance(absl::Seconds(1));
-  ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].request_id, "a");
-  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(ts[0].status.message(),
-              HasSubstr("KV transfer from p@1 to d@3 timed out after 5s"));
-  EXPECT_THAT(ts[0].actions,
-              ElementsAre(CancelOnWorker(kP, "a"), FreeKv(kD, "a")));
-  // A handoff stops the timer.
-  ASSERT_TRUE(sm_->OnHandoff("b").ok());
-  clock_.Advance(absl::Seconds(10));
-  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
-  ASSERT_TRUE(sm_->OnFinished("b").ok());
-  // A new attempt's timer starts at its own first token.
-  ASSERT_NO_FATAL_FAILURE(Drive("c", State::kTransferring, kP, kD));
-  clock_.Advance(absl::Seconds(4));
-  ASSERT_TRUE(
-      sm_->OnAttemptFailed("c", RpcFailed(WorkerRpc::kPrefillHandoff)).ok());
-  ASSERT_NO_FATAL_FAILURE(Drive("c/migrate1", State::kTransferring, kP, kD));
-  clock_.Advance(absl::Seconds(4));
-  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
-  clock_.Advance(absl::Seconds(1));
-  ts = sm_->ExpireDeadlines(clock_.Now());
-  ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].attempt_id, "c/migrate1");
-  EXPECT_THAT(ts[0].status.message(), HasSubstr("timed out"));
-  ExpectClean();
-}
-
 }  // namespace
-}  // namespace baton::coordinator
+}  // namespace baton::coordinator::testing

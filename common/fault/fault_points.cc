@@ -16,8 +16,9 @@ namespace baton {
 
 const std::vector<absl::string_view>& KnownFaultPoints() {
   static const std::vector<absl::string_view> points = {
-      kFaultPrefillStep, kFaultDecodeStep, kFaultKvLayerSent, kFaultKvReserved,
-      kFaultKvImportStarted};
+      kFaultPrefillStep,   kFaultDecodeStep,      kFaultKvLayerSent,
+      kFaultKvReserved,    kFaultKvImportStarted, kFaultKvLayerImported,
+      kFaultKvLayerCorrupt};
   return points;
 }
 
@@ -121,6 +122,7 @@ absl::Status FaultPoints::Hit(absl::string_view point) {
       announce("hung");
       for (;;) pause();  // only a signal's default action ends this
     case FaultAction::kError:
+      announce("failing");
       break;
   }
   return absl::InternalError(

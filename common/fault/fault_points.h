@@ -53,6 +53,16 @@ inline constexpr absl::string_view kFaultKvReserved = "kv_reserved";
 // (the sender proved its secret), before any layer is written: `stop`
 // pauses the decode worker mid-import; `error` rejects the transfer.
 inline constexpr absl::string_view kFaultKvImportStarted = "kv_import_started";
+// A decode worker's KV receiver has written one more layer of a transfer
+// (the receiver's thread, after the layer landed): `stop@N` pauses the
+// decode worker mid-import with N layers written; `crash` kills it there
+// (the hit's status is not used: `error` does nothing here).
+inline constexpr absl::string_view kFaultKvLayerImported = "kv_layer_imported";
+// A KV handoff's TCP sender is about to send one layer: `error` flips one
+// bit of that layer's checksum trailer, so the receiver's checksum of the
+// bytes it got disagrees with the trailer, as for a payload byte corrupted
+// on the wire, and it fails the transfer with DATA_LOSS.
+inline constexpr absl::string_view kFaultKvLayerCorrupt = "kv_layer_corrupt";
 
 // Every point above; a spec naming another is refused.
 const std::vector<absl::string_view>& KnownFaultPoints();

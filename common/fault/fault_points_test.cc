@@ -36,7 +36,8 @@ TEST(FaultSpecTest, RefusesWhatItCannotArm) {
     const char* spec;
     const char* message;
   } cases[] = {
-      {"prefil_step:crash", "is not one of prefill_step, decode_step, kv_layer_sent"},
+      {"prefil_step:crash",
+       "is not one of prefill_step, decode_step, kv_layer_sent"},
       {"prefill_step:explode", "is not one of crash, stop, error"},
       {"prefill_step", "is not POINT:ACTION[@N]"},
       {"prefill_step:crash:1", "is not POINT:ACTION[@N]"},

@@ -277,7 +277,11 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
 
 void Cluster::PerformCleanup(const Transition& transition) {
   if (transition.new_attempt) {
-    if (transition.migration) metrics_->OnMigration();
+    if (transition.migration) {
+      metrics_->OnMigration();
+    } else {
+      metrics_->OnRetry();
+    }
     Log(absl::StrCat("request ", transition.request_id,
                      transition.migration ? " migrates" : " starts over",
                      " (attempt ", transition.attempt_id,

@@ -101,6 +101,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             "the tokens already streamed")
                       .Register(registry)
                       .Add(RoleLabel())),
+      retries_(BuildCounter()
+                   .Name("baton_retries_total")
+                   .Help("Times a request started over on other workers "
+                         "after a fault, before its first token")
+                   .Register(registry)
+                   .Add(RoleLabel())),
       shed_(BuildCounter()
                 .Name("baton_requests_shed_total")
                 .Help("Requests refused on arrival with RESOURCE_EXHAUSTED "

@@ -18,6 +18,8 @@
 //   baton_workers_healthy{worker_role}      gauge, per worker role
 //   baton_migrations_total                  counter, requests moved to
 //                                           another decode worker mid-stream
+//   baton_retries_total                     counter, requests started over
+//                                           before their first token
 //   baton_requests_shed_total{reason}       counter, refused on arrival
 //                                           (queue_full, ttft_slo)
 //   baton_requests_waiting                  gauge, admitted and before
@@ -89,6 +91,8 @@ class CoordinatorMetrics {
   }
   // A streaming request moves to another decode worker after a fault.
   void OnMigration() { migrations_.Increment(); }
+  // A request starts over before its first token after a fault.
+  void OnRetry() { retries_.Increment(); }
   // Gaps between the tokens of one request, kept by its call and handed
   // over in OnRequestFinished.
   metrics::HistogramAccumulator NewInterTokenAccumulator() const;
@@ -115,6 +119,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& inter_token_;
   prometheus::Histogram& e2e_;
   prometheus::Counter& migrations_;
+  prometheus::Counter& retries_;
   prometheus::Family<prometheus::Counter>& shed_;
   prometheus::Gauge& waiting_;
   prometheus::Family<prometheus::Gauge>& healthy_;

@@ -208,6 +208,7 @@ void GenerateCall::BeginAttempt() {
     excluded_decode_ = snapshot->excluded_decode;
     queue_deadline_ = snapshot->queue_deadline;
     migrations_ = snapshot->migrations;
+    retries_ = snapshot->attempt - 1 - snapshot->migrations;
   }
   prefill_.reset();
   decode_.reset();

@@ -162,6 +162,7 @@ class GenerateCall final : public CallHandle,
   std::vector<WorkerRef> excluded_decode_;
   absl::Time queue_deadline_ = absl::InfiniteFuture();
   int migrations_ = 0;  // the request's, for the result
+  int retries_ = 0;     // attempts started over before the first token
   const SteadyClock::time_point arrival_;
 
   // Routing outcome.

@@ -81,6 +81,7 @@ v1::GenerateResult GenerateCall::BaseResult() const {
   }
   result.set_seed(job_.sampling.seed());
   result.set_migrations(migrations_);
+  result.set_retries(retries_);
   return result;
 }
 

@@ -187,6 +187,8 @@ TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
   EXPECT_EQ(result.result.finish_reason(), v1::FINISH_REASON_LENGTH)
       << Describe(result);
   EXPECT_EQ(result.tokens.size(), 4u) << Describe(result);
+  EXPECT_EQ(result.result.retries(), 1) << Describe(result);
+  EXPECT_EQ(result.result.migrations(), 0) << Describe(result);
   EXPECT_EQ(result.result.prefill_worker().address(),
             cluster->workers()[*retried].address);
   ExpectAllFree(*cluster);

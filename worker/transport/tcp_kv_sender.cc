@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/fault/fault_points.h"
 #include "common/status_macros.h"
 #include "worker/transport/kv_handshake.h"
 #include "worker/transport/tcp_kv_internal.h"
@@ -144,12 +145,17 @@ absl::Status TcpKvSender::SendLayerChunks(
     }
     return Fail(verdict);
   }
+  // Test-only (--fault=kv_layer_corrupt:error): one bit of this layer's
+  // checksum flipped, which the receiver cannot tell from a corrupted
+  // payload byte.
+  const uint64_t flip =
+      FaultPoints::Global().Hit(kFaultKvLayerCorrupt).ok() ? 0 : 1;
   KvFrame f;
   f.kind = KvFrameKind::kLayer;
   f.header = header;
   KvFrameBytes bytes = EncodeKvFrame(f);
   std::string ids = header.request_id + header.model_id;
-  KvTrailerBytes trailer = EncodeKvTrailer(header.checksum);
+  KvTrailerBytes trailer = EncodeKvTrailer(header.checksum ^ flip);
   iov_.clear();
   iov_.push_back({bytes.data(), bytes.size()});
   AppendIov(ids.data(), ids.size(), &iov_);
@@ -174,7 +180,7 @@ absl::Status TcpKvSender::SendLayerChunks(
         next_start += chunks[next_chunk++].size();
       }
       if (!trailer_ready && end > prefix + payload_size) {
-        trailer = EncodeKvTrailer(checksummer_.Digest());
+        trailer = EncodeKvTrailer(checksummer_.Digest() ^ flip);
         trailer_ready = true;
       }
     };

@@ -1,0 +1,195 @@
+// The request state machine's load bookkeeping, lost reservation replies
+// and the queue and transfer timers.
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/request_state_machine_test_fixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::coordinator::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+
+TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
+  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+  ASSERT_TRUE(sm_->Admit("r2", RequestSpec{30, 10}).ok());
+  ASSERT_TRUE(sm_->Admit("r3", RequestSpec{7, 10}).ok());
+  ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8}}}));
+  ASSERT_TRUE(
+      sm_->OnReserveRefused("r1", kD, absl::ResourceExhaustedError("x")).ok());
+  EXPECT_THAT(sm_->Loads(), IsEmpty());
+  ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
+  ASSERT_TRUE(sm_->StartPrefill("r1", kP, true).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8}}, {"p", {100, 0}}}));
+  ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD2, 3));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {130, 0}}}));
+  ASSERT_TRUE(sm_->OnFirstToken("r1").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
+  ASSERT_TRUE(sm_->OnHandoff("r1").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
+  ASSERT_TRUE(sm_->OnFinished("r1").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 3}}, {"p", {30, 0}}}));
+  // A new attempt drops the old one's load.
+  ASSERT_TRUE(sm_->OnAttemptFailed("r2", RpcFailed(WorkerRpc::kPrefill)).ok());
+  EXPECT_THAT(sm_->Loads(), IsEmpty());
+  // Colocated: prompt tokens only, until the first token.
+  ASSERT_TRUE(sm_->StartPrefill("r3", kB).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"b", {7, 0}}}));
+  ASSERT_TRUE(sm_->OnFirstToken("r3").ok());
+  EXPECT_THAT(sm_->Loads(), IsEmpty());
+  ASSERT_TRUE(sm_->OnFinished("r3").ok());
+  // Cancel and deadline drop it too.
+  ASSERT_TRUE(sm_->ReserveDecode("r2/retry1", kD, 5).ok());
+  ASSERT_TRUE(sm_->Admit("r4", RequestSpec{20, 10}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r4", State::kPrefilling, kP2, kD2, 6));
+  EXPECT_EQ(sm_->Loads(),
+            (Loads{{"d", {0, 5}}, {"d2", {0, 6}}, {"p2", {20, 0}}}));
+  ASSERT_TRUE(sm_->Cancel("r2", "x").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 6}}, {"p2", {20, 0}}}));
+  ASSERT_TRUE(sm_->OnDeadline("r4").ok());
+  ExpectClean();
+}
+
+TEST_F(RequestStateMachineAttemptsTest, LostReservationReplyFreesTheBlocks) {
+  Make({.max_decode_attempts = 6});
+  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+  // Refused: nothing was held. Any other code: the worker may have
+  // reserved; the action frees it.
+  const std::vector<std::pair<absl::Status, bool>> replies = {
+      {absl::ResourceExhaustedError("full"), false},
+      {absl::InvalidArgumentError("too big"), false},
+      {absl::FailedPreconditionError("draining"), false},
+      {absl::UnavailableError("connection reset"), true},
+      {absl::DeadlineExceededError("no reply"), true},
+      {absl::UnknownError("?"), true}};
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const auto& [why, lost] = replies[i];
+    SCOPED_TRACE(why.ToString());
+    ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
+    Transition t = Ok(sm_->OnReserveRefused("r1", kD2, why));
+    EXPECT_EQ(t.to, i + 1 < replies.size() ? State::kQueued : State::kFailed);
+    EXPECT_EQ(t.actions, lost ? std::vector{FreeKv(kD2, "r1")}
+                              : std::vector<CleanupAction>{});
+    ExpectClean();
+  }
+  EXPECT_EQ(sm_->leases_released(LeaseRelease::kRefused), 3);
+  EXPECT_EQ(sm_->leases_released(LeaseRelease::kCleanupAction), 3);
+  EXPECT_EQ(Snap().tried_decode_workers.size(), 6u);
+  EXPECT_EQ(Snap().status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Snap().status.message(), HasSubstr("after 6 attempts"));
+}
+
+TEST_F(RequestStateMachineAttemptsTest, SplitPrefillAfterTheReservationDied) {
+  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+  ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
+  ASSERT_EQ(sm_->OnWorkerDown(kD).size(), 1u);
+  const absl::Status lost = sm_->StartPrefill("r1", kP, true).status();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(lost.GetPayload(kWorkerDownPayload), absl::Cord("d"));
+  EXPECT_EQ(Snap().state, State::kQueued);
+  ExpectClean();
+  ExpectEnded(Ok(sm_->OnAttemptFailed("r1", lost)), Next::kRetry, {});
+  ExpectRequeued("r1", "r1/retry1", 2, {}, {});
+  EXPECT_THAT(Snap().tried_decode_workers, IsEmpty());  // a new attempt
+  ASSERT_TRUE(sm_->Cancel("r1", "done").ok());
+  ExpectClean();
+}
+
+TEST_F(RequestStateMachineAttemptsTest, QueueTimeoutWaitsOnlyUnreserved) {
+  Make({.queue_timeout = absl::Seconds(10)});
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(sm_->Admit(id, RequestSpec{10, 10}).ok());
+  }
+  EXPECT_EQ(Snap("a").queue_deadline, absl::UnixEpoch() + absl::Seconds(10));
+  ASSERT_TRUE(sm_->ReserveDecode("b", kD, 2).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("c", State::kPrefilling, kP, kD2));
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  clock_.Advance(absl::Seconds(1));
+  std::vector<Transition> ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].request_id, "a");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(ts[0].status.message()),
+              StartsWith(QueueTimeoutMessage(absl::Seconds(10))));
+  // A held reservation suspends the timer; when it ends the timer fires.
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  ASSERT_TRUE(
+      sm_->OnReserveRefused("b", kD, absl::ResourceExhaustedError("x")).ok());
+  ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].request_id, "b");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
+  // A new attempt restarts it.
+  ASSERT_TRUE(sm_->OnAttemptFailed("c", RpcFailed(WorkerRpc::kPrefill)).ok());
+  EXPECT_EQ(Snap("c").queue_deadline, clock_.Now() + absl::Seconds(10));
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  clock_.Advance(absl::Seconds(1));
+  ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].attempt_id, "c/retry1");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(ts[0].status.message(), HasSubstr("attempt 2"));
+  ExpectClean();
+}
+
+TEST_F(RequestStateMachineAttemptsTest, TransferTimeoutAndDeadlines) {
+  Make({.transfer_timeout = absl::Seconds(5)});
+  const absl::Time t0 = clock_.Now();
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(sm_->Admit(id, RequestSpec{10, 10}).ok());
+  }
+  ASSERT_TRUE(sm_->Admit("e", RequestSpec{10, 10, t0 + absl::Seconds(3)}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("a", State::kTransferring, kP, kD));
+  ASSERT_NO_FATAL_FAILURE(Drive("e", State::kPrefilling, kB, {}));
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_NO_FATAL_FAILURE(Drive("b", State::kTransferring, kP2, kD2));
+  clock_.Advance(absl::Seconds(2));
+  std::vector<Transition> ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);  // e's deadline
+  EXPECT_EQ(ts[0].request_id, "e");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(ts[0].actions, ElementsAre(CancelOnWorker(kB, "e")));
+  clock_.Advance(absl::Seconds(1));
+  ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].request_id, "a");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(ts[0].status.message(),
+              HasSubstr("KV transfer from p@1 to d@3 timed out after 5s"));
+  EXPECT_THAT(ts[0].actions,
+              ElementsAre(CancelOnWorker(kP, "a"), FreeKv(kD, "a")));
+  // A handoff stops the timer.
+  ASSERT_TRUE(sm_->OnHandoff("b").ok());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  ASSERT_TRUE(sm_->OnFinished("b").ok());
+  // A new attempt's timer starts at its own first token.
+  ASSERT_NO_FATAL_FAILURE(Drive("c", State::kTransferring, kP, kD));
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(
+      sm_->OnAttemptFailed("c", RpcFailed(WorkerRpc::kPrefillHandoff)).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("c/migrate1", State::kTransferring, kP, kD));
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  clock_.Advance(absl::Seconds(1));
+  ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].attempt_id, "c/migrate1");
+  EXPECT_THAT(ts[0].status.message(), HasSubstr("timed out"));
+  ExpectClean();
+}
+
+}  // namespace
+}  // namespace baton::coordinator::testing
