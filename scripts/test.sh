@@ -89,8 +89,8 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # TSan runs 5-15x slower (though the sanitizer trees leave the engine's
 # matmul tiles uninstrumented, kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
 # is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
-# killed workers (the wedged one too), and the killed coordinators of the restart and replica
-# tests, also make gRPC's uninstrumented cancellation paths report races
+# killed workers (the wedged one too), the killed coordinators of the restart and replica
+# tests, and the coordinator drain test's frozen decode worker, also make gRPC's uninstrumented cancellation paths report races
 # inside gRPC itself; so does a worker streaming to several clients at once,
 # as in the elastic-membership test: gRPC's callback tags are set on one
 # thread and run on another through uninstrumented code.) The HTTP cluster
@@ -101,4 +101,4 @@ sanitized_run address,undefined build-address -E "$DEVICE_TOKEN_CHECKS"
 # OpenSSL; the HTTPS sessions run under both, in http_unit_test).
 stage tsan
 sanitized_run thread build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|Killed|Frozen|Stalled|Wedged|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|CoordinatorDrain|Killed|Frozen|Stalled|Wedged|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"

@@ -3,6 +3,7 @@
 #define BATON_TESTS_CLUSTER_CLUSTER_FAULT_UTIL_H_
 
 #include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdint>
@@ -11,8 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/cluster_test_util.h"
 #include "tests/cluster/local_cluster.h"
@@ -37,6 +42,47 @@ inline std::vector<v1::GenerateRequest> MixedLongRequests(int n,
     if (i % 2 == 0) requests.back().mutable_sampling()->set_temperature(0);
   }
   return requests;
+}
+
+// A guard against a hang, never a bound the test measures.
+inline absl::Duration Guard() { return absl::Seconds(120) + 100 * HostPace(); }
+
+// Polls `done` every 10 ms until it holds or Guard() runs out.
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time deadline = absl::Now() + Guard();
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// The serving status a process's own health service reports for the whole
+// server (UNKNOWN if it does not answer).
+inline grpc::health::v1::HealthCheckResponse::ServingStatus OwnHealth(
+    const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckResponse response;
+  if (!stub->Check(&context, {}, &response).ok()) {
+    return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  }
+  return response.status();
+}
+
+// `process` exits with status 0 (within Guard()).
+inline void ExpectExitsZero(ChildProcess& process) {
+  const absl::StatusOr<int> status = process.Wait(Guard());
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "wait status " << *status;
+}
+inline void ExpectExitsZero(LocalCluster::Worker& worker) {
+  ExpectExitsZero(*worker.process);
 }
 
 inline std::unique_ptr<LocalCluster> StartOrDie(

@@ -38,9 +38,6 @@
 namespace baton::testing {
 namespace {
 
-// A guard against a hang, never a bound the test measures.
-absl::Duration Guard() { return absl::Seconds(120) + 100 * HostPace(); }
-
 LocalClusterOptions DrainingCluster() {
   LocalClusterOptions options;
   // The prefill worker stops itself mid-prefill; a lease longer than any
@@ -49,38 +46,6 @@ LocalClusterOptions DrainingCluster() {
   options.flags_of_worker[0] = {"--fault=prefill_step:stop"};
   options.drain_timeout_s = 3600;
   return options;
-}
-
-grpc::health::v1::HealthCheckResponse::ServingStatus OwnHealth(
-    const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  grpc::health::v1::HealthCheckResponse response;
-  if (!stub->Check(&context, {}, &response).ok()) {
-    return grpc::health::v1::HealthCheckResponse::UNKNOWN;
-  }
-  return response.status();
-}
-
-// Polls `done` every 10 ms until it holds or Guard() runs out.
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time deadline = absl::Now() + Guard();
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-void ExpectExitsZero(LocalCluster::Worker& worker) {
-  const absl::StatusOr<int> status = worker.process->Wait(Guard());
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << "wait status " << *status;
 }
 
 // Until the prefill worker (index 0) stops itself at its fault point; on a

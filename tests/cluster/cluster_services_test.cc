@@ -2,8 +2,10 @@
 // each worker) answers the standard health check, per service too, and lists
 // and describes its services through server reflection; the control plane
 // is not on the public port;
-// `baton status` and GetClusterStatus report the workers' roles and pools.
+// `baton status` and GetClusterStatus report the workers' roles and pools;
+// SIGTERM drains the coordinator.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -288,6 +291,81 @@ TEST(ClusterServicesTest, WorkerRefusesADeviceItCannotUse) {
   const int status = WorkerExitStatus("cuda:0");
   EXPECT_TRUE(status == 1 || status == 2) << status;
 }
+
+// A coordinator SIGTERMed while a stream is under way (its decode worker
+// stopped at its third decode step, so the stream is mid-answer): health
+// NOT_SERVING at once and new requests refused (UNAVAILABLE) while the
+// stream goes on; with a drain timeout longer than the request, the stream
+// ends with every token of a fault-free run and the coordinator exits 0;
+// with a drain timeout shorter than the wait, it ends at the timeout with
+// the tokens streamed so far and finish_reason CANCELLED (`abort` on HTTP),
+// not an error, and the coordinator exits 0 all the same. No block stays
+// held on the workers (they free a gone coordinator's leases).
+class ClusterCoordinatorDrainTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ClusterCoordinatorDrainTest, StreamsFinishOrEndCancelled) {
+  const bool finishes = GetParam();
+  LocalClusterOptions options;
+  options.coordinator_drain_timeout_s = finishes ? 3600 : 1;
+  // The stopped decode worker sends no heartbeat: a lease longer than any
+  // test keeps the coordinator from taking it for dead meanwhile.
+  options.lease_ttl_ms = 3600 * 1000;
+  options.flags_of_worker[1] = {"--fault=decode_step:stop@3"};
+  auto cluster = StartOrDie(options);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cluster->workers()[1].role, "decode");
+  const v1::GenerateRequest request = LongRequest(3, 16);  // seeded
+  const std::vector<Expected> expected = InProcessReference({request});
+
+  StreamResult under_way;
+  std::thread client(
+      [&] { under_way = RunGenerate(cluster->baton(), request); });
+  const absl::StatusOr<int> stopped = cluster->WaitForStoppedWorker(Guard());
+  ChildProcess& coordinator = cluster->coordinator_process();
+  if (stopped.ok()) coordinator.Signal(SIGTERM);
+  if (stopped.ok() && finishes) {
+    EXPECT_TRUE(Eventually([&] {
+      return OwnHealth(cluster->address()) ==
+             grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+    })) << "the draining coordinator's health stayed SERVING";
+    const StreamResult refused = RunGenerate(cluster->baton(), request);
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << Describe(refused);
+  } else if (stopped.ok()) {
+    // Past the drain timeout before the worker goes on.
+    ExpectExitsZero(coordinator);
+  }
+  cluster->workers()[1].process->Signal(SIGCONT);
+  client.join();
+  ASSERT_TRUE(stopped.ok()) << stopped.status() << "; " << Describe(under_way);
+  ASSERT_TRUE(under_way.status.ok() && under_way.has_result)
+      << Describe(under_way);
+  if (finishes) {
+    EXPECT_EQ(under_way.result.finish_reason(), expected[0].finish_reason);
+    EXPECT_EQ(under_way.tokens, expected[0].tokens);
+    EXPECT_EQ(under_way.text, expected[0].text);
+    ExpectExitsZero(coordinator);
+  } else {
+    EXPECT_EQ(under_way.result.finish_reason(), v1::FINISH_REASON_CANCELLED)
+        << Describe(under_way);
+    ASSERT_GE(under_way.tokens.size(), 1u);
+    EXPECT_LT(under_way.tokens.size(), expected[0].tokens.size());
+    EXPECT_EQ(under_way.tokens,
+              std::vector<int32_t>(
+                  expected[0].tokens.begin(),
+                  expected[0].tokens.begin() +
+                      static_cast<ptrdiff_t>(under_way.tokens.size())));
+  }
+  ExpectAllFree(*cluster);
+  ExpectCleanStop(*cluster);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sigterm, ClusterCoordinatorDrainTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "DrainLongerThanTheStream"
+                                             : "DrainTimesOut";
+                         });
 
 }  // namespace
 }  // namespace baton::testing
