@@ -1,6 +1,7 @@
 // AVX2 MatMul kernels: tiles of up to 2 rows x 2 tokens, one weight block per
 // 256-bit maddubs/madd, the 16 accumulator lanes held as two 8-lane halves.
 // Reduction order: see matmul_kernels.h.
+#include "kernels/cpu/matmul_halfs.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 #if defined(__x86_64__)
@@ -55,19 +56,34 @@ BATON_AVX2 inline __m256i LoadQ8(const uint8_t* qs) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
 }
 
-// Per row: d[b] and mc[b] (min, -8 d for Q4_0, unused for Q8_0).
+// Per row: d[b] and mc[b] (min, -8 d for Q4_0, unused for Q8_0), eight
+// blocks at a time.
 template <int kBlockBytes, int kMode>  // kMode: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0
 BATON_AVX2 void Prep(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb,
                      float* d, float* mc) {
   for (int r = 0; r < rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
+    float* dr = d + r * nb;
+    float* mr = mc + r * nb;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const uint8_t* first = row + b * kBlockBytes;
+      const __m256 db = BlockHalfs8<kBlockBytes, 0>(first);
+      _mm256_storeu_ps(dr + b, db);
+      if constexpr (kMode == 0) {
+        _mm256_storeu_ps(mr + b, _mm256_mul_ps(_mm256_set1_ps(-8.0f), db));
+      }
+      if constexpr (kMode == 1) {
+        _mm256_storeu_ps(mr + b, BlockHalfs8<kBlockBytes, 2>(first));
+      }
+    }
+    for (; b < nb; ++b) {
       uint16_t h[2];
       std::memcpy(h, row + b * kBlockBytes, kMode == 1 ? 4 : 2);
       const float db = _cvtsh_ss(h[0]);
-      d[r * nb + b] = db;
-      if constexpr (kMode == 0) mc[r * nb + b] = -8.0f * db;
-      if constexpr (kMode == 1) mc[r * nb + b] = _cvtsh_ss(h[1]);
+      dr[b] = db;
+      if constexpr (kMode == 0) mr[b] = -8.0f * db;
+      if constexpr (kMode == 1) mr[b] = _cvtsh_ss(h[1]);
     }
   }
 }

@@ -10,6 +10,7 @@
 #ifndef BATON_KERNELS_CPU_MATMUL_AVX512_IMPL_H_
 #define BATON_KERNELS_CPU_MATMUL_AVX512_IMPL_H_
 
+#include "kernels/cpu/matmul_halfs.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 #if defined(__x86_64__)
@@ -109,7 +110,24 @@ BATON_AVX512 void PrepQ4(const uint8_t* w, int64_t row_bytes, int rows,
     const uint8_t* row = w + r * row_bytes;
     float* dmr = dm + r * npairs * 4;
     float* mcr = mc + r * nb;
-    for (int64_t p = 0; p < npairs; ++p) {
+    int64_t p = 0;
+    for (; 2 * p + 8 <= nb; p += 4) {  // eight blocks at a time
+      const uint8_t* first = row + 2 * p * L::kBlockBytes;
+      const __m256 d = BlockHalfs8<L::kBlockBytes, 0>(first);
+      __m256 m;
+      if constexpr (L::kHasMin) {
+        m = BlockHalfs8<L::kBlockBytes, 2>(first);
+      } else {
+        m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+      }
+      // {d0, m0, d1, m1 | d4, m4, d5, m5} and {d2, m2, d3, m3 | d6, ...}.
+      const __m256 lo = _mm256_unpacklo_ps(d, m);
+      const __m256 hi = _mm256_unpackhi_ps(d, m);
+      _mm256_storeu_ps(dmr + 4 * p, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_storeu_ps(dmr + 4 * p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+      _mm256_storeu_ps(mcr + 2 * p, m);
+    }
+    for (; p < npairs; ++p) {
       const uint8_t* b0 = row + 2 * p * L::kBlockBytes;
       const bool two = 2 * p + 1 < nb;
       uint32_t h0 = 0, h1 = 0;
@@ -306,7 +324,13 @@ BATON_AVX512 void PrepQ8(const uint8_t* w, int64_t row_bytes, int rows,
   const int64_t npairs = (nb + 1) / 2;
   for (int r = 0; r < rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    for (int64_t p = 0; p < npairs; ++p) {
+    int64_t p = 0;
+    for (; 2 * p + 8 <= nb; p += 4) {  // eight blocks at a time
+      _mm256_storeu_ps(
+          dm + r * npairs * 2 + 2 * p,
+          BlockHalfs8<kQ8_0BlockBytes, 0>(row + 2 * p * kQ8_0BlockBytes));
+    }
+    for (; p < npairs; ++p) {
       uint16_t h0, h1 = 0;
       std::memcpy(&h0, row + 2 * p * kQ8_0BlockBytes, 2);
       if (2 * p + 1 < nb)
