@@ -41,6 +41,37 @@ TEST(PrefixIndexTest, SnapshotsDeltasAndForget) {
   EXPECT_EQ(index.NumBlocks("w1"), 0);
 }
 
+// MatchAll gives every worker's MatchLength in one walk: workers that fall
+// out at a gap, at a block they never held, or never matched at all.
+TEST(PrefixIndexTest, MatchAllAgreesWithMatchLengthForEveryWorker) {
+  PrefixIndex index;
+  const std::vector<BlockHash> a = Chain(0, 6);
+  index.Apply("w1", true, a, {});
+  index.Apply("w2", true, std::span(a).first(2), {});
+  index.Apply("w3", true, std::span(a).first(5), {});
+  index.Apply("w3", false, {}, std::span(a).subspan(3, 1));  // a gap at 3
+  index.Apply("w4", true, Chain(1000, 3), {});
+  index.Apply("w5", true, std::span(a).subspan(1, 3), {});  // no block 0
+  const auto all = index.MatchAll(a);
+  EXPECT_EQ(all.size(), 3u);
+  for (const char* w : {"w1", "w2", "w3", "w4", "w5"}) {
+    const int64_t expected = index.MatchLength(w, a);
+    EXPECT_EQ(all.contains(w) ? all.at(w) : 0, expected) << w;
+  }
+  EXPECT_EQ(all.at("w1"), 6);
+  EXPECT_EQ(all.at("w2"), 2);
+  EXPECT_EQ(all.at("w3"), 3);
+  // Forget frees the worker's slot; a new worker reuses it cleanly.
+  index.Forget("w1");
+  index.Apply("w6", true, std::span(a).first(1), {});
+  const auto after = index.MatchAll(a);
+  EXPECT_FALSE(after.contains("w1"));
+  EXPECT_EQ(after.at("w6"), 1);
+  EXPECT_EQ(index.NumBlocks("w1"), 0);
+  EXPECT_EQ(index.NumBlocks("w3"), 4);
+  EXPECT_TRUE(index.MatchAll({}).empty());
+}
+
 WorkerInfo Both(const char* id, int64_t queued) {
   WorkerInfo w;
   w.ref = WorkerRef{id, 1};

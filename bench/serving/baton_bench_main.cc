@@ -15,6 +15,7 @@
 // SIGINT / SIGTERM stop the run as the time limit does.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdint>
@@ -106,6 +107,13 @@ ABSL_FLAG(std::string, profile_out, "profile.json",
           "profile: where the fitted cost profile goes (baton-sim --profile)");
 ABSL_FLAG(std::string, profile_name, "",
           "profile: what was measured (model, hardware, threads)");
+ABSL_FLAG(int, profile_decode_tokens, 384,
+          "profile: output tokens of each decode run (longer: more samples "
+          "and longer contexts)");
+ABSL_FLAG(bool, profile_quick, false,
+          "profile: fewer points (prompts up to 512 tokens, decode batches "
+          "up to 8 with 256-token answers), for a quick check rather than a "
+          "profile to keep");
 ABSL_FLAG(std::string, cpus, "",
           "pin the benchmark client to these CPUs, e.g. 3 or 2-3");
 
@@ -152,6 +160,17 @@ int Profile() {
   baton::sim::ProfileOptions options;
   options.name = absl::GetFlag(FLAGS_profile_name);
   options.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
+  options.decode_tokens = absl::GetFlag(FLAGS_profile_decode_tokens);
+  if (absl::GetFlag(FLAGS_profile_quick)) {
+    options.prefill_lengths = {32, 64, 128, 256, 512};
+    options.decode_batches = {1, 2, 4, 8};
+    options.decode_tokens = std::min(options.decode_tokens, 256);
+  }
+  if (options.decode_tokens < 2 * options.decode_chunk_tokens) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--profile_decode_tokens must be at least ",
+        2 * options.decode_chunk_tokens, ", got ", options.decode_tokens)));
+  }
   auto profile = baton::sim::MeasureProfile(*channel, options, std::cerr);
   if (!profile.ok()) return Fail(profile.status());
   const std::string out = absl::GetFlag(FLAGS_profile_out);

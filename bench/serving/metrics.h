@@ -57,6 +57,7 @@ struct RequestRecord {
   double end_time_s = 0;
   int input_len = 0;            // the dataset's count
   int prompt_tokens = 0;        // usage.prompt_tokens, else input_len
+  int cached_tokens = 0;        // of them, found in a prefix cache
   int expected_output_len = 0;  // max_tokens asked for
   int output_tokens = 0;        // tokens received
   double ttft_ms = 0;           // 0 when no token arrived

@@ -134,6 +134,7 @@ Json RequestJson(const RequestRecord& r) {
             {"end_time_s", r.end_time_s},
             {"input_len", r.input_len},
             {"prompt_tokens", r.prompt_tokens},
+            {"cached_tokens", r.cached_tokens},
             {"expected_output_len", r.expected_output_len},
             {"output_tokens", r.output_tokens},
             {"ttft_ms", r.ttft_ms},

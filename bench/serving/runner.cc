@@ -136,6 +136,7 @@ class BenchCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
     r.finish_reason = FinishReasonName(result_.finish_reason());
     if (result_.usage().prompt_tokens() > 0) {
       r.prompt_tokens = result_.usage().prompt_tokens();
+      r.cached_tokens = result_.usage().cached_tokens();
     }
     const v1::PhaseTimings& t = result_.timings();
     r.server = {t.queue_ms(),

@@ -92,6 +92,62 @@ void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
 
 }  // namespace
 
+std::vector<DecodeWindowSample> DecodeWindowSamples(
+    const std::vector<bench::RequestRecord>& records, int chunk) {
+  // The steps in which every request of the batch decodes: after the last
+  // first token and before the first request ends (earlier steps share the
+  // engine with prefills of the others).
+  double start = 0, end = std::numeric_limits<double>::infinity();
+  for (const bench::RequestRecord& r : records) {
+    const double first = 1e3 * r.send_time_s + r.ttft_ms;
+    double last = first;
+    for (double gap : r.itl_ms) last += gap;
+    start = std::max(start, first);
+    end = std::min(end, last);
+  }
+  // Gaps by the index of the step within that window, with each request's
+  // context at it; a stretch of `chunk` steps gives one sample, the median
+  // gap (robust to tokens that reach the client together).
+  std::vector<std::vector<double>> gaps;
+  std::vector<int64_t> contexts;
+  for (const bench::RequestRecord& r : records) {
+    double at = 1e3 * r.send_time_s + r.ttft_ms;
+    int64_t context = r.prompt_tokens + 1;
+    size_t step = 0;
+    for (double gap : r.itl_ms) {
+      if (at >= start && at + gap <= end) {
+        if (gaps.size() <= step) {
+          gaps.resize(step + 1);
+          contexts.resize(step + 1);
+        }
+        gaps[step].push_back(gap);
+        contexts[step] += context;
+        ++step;
+      }
+      at += gap;
+      ++context;
+    }
+  }
+  std::vector<DecodeWindowSample> samples;
+  const size_t batch = records.size();
+  for (size_t first = 0; first + chunk <= gaps.size(); first += chunk) {
+    std::vector<double> window;
+    int64_t sum_context = 0;
+    for (size_t s = first; s < first + chunk; ++s) {
+      if (gaps[s].size() != batch) continue;
+      window.insert(window.end(), gaps[s].begin(), gaps[s].end());
+      sum_context += contexts[s] / static_cast<int64_t>(batch);
+    }
+    if (window.size() < static_cast<size_t>(chunk) * batch) continue;
+    std::nth_element(window.begin(), window.begin() + window.size() / 2,
+                     window.end());
+    samples.push_back({static_cast<int64_t>(batch),
+                       static_cast<int64_t>(batch) * sum_context / chunk,
+                       window[window.size() / 2] / 1e3});
+  }
+  return samples;
+}
+
 absl::StatusOr<WorkerProfile> MeasureProfile(
     std::shared_ptr<grpc::Channel> channel, const ProfileOptions& options,
     std::ostream& log) {
@@ -124,6 +180,7 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
         << " ms\n";
   }
   const int t = options.decode_tokens;
+  const int chunk = std::max(1, options.decode_chunk_tokens);
   for (int context : options.decode_contexts) {
     for (int batch : options.decode_batches) {
       if (int64_t{batch} * (context + t) > pool_tokens) continue;
@@ -131,37 +188,19 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
           Run(channel, batch, context, t, batch,
               static_cast<uint64_t>(1000 * batch + context), options);
       if (!records.ok()) return records.status();
-      // Only the steps in which every request of the batch decodes: after
-      // the last first token and before the first request ends (earlier
-      // steps share the engine with prefills of the others).
-      double start = 0, end = std::numeric_limits<double>::infinity();
-      for (const bench::RequestRecord& r : *records) {
-        const double first = 1e3 * r.send_time_s + r.ttft_ms;
-        double last = first;
-        for (double gap : r.itl_ms) last += gap;
-        start = std::max(start, first);
-        end = std::min(end, last);
+      const int before = static_cast<int>(decode.size());
+      for (const DecodeWindowSample& s : DecodeWindowSamples(*records, chunk)) {
+        decode.push_back({static_cast<double>(s.sum_context),
+                          static_cast<double>(s.batch), s.step_s});
+        log << "decode batch " << s.batch << ", context " << s.sum_context
+            << " in all: " << s.step_s * 1e3 << " ms per step\n";
       }
-      std::vector<double> steps;
-      for (const bench::RequestRecord& r : *records) {
-        double at = 1e3 * r.send_time_s + r.ttft_ms;
-        for (double gap : r.itl_ms) {
-          if (at >= start && at + gap <= end) steps.push_back(gap);
-          at += gap;
-        }
+      if (static_cast<int>(decode.size()) == before) {
+        log << "decode batch " << batch << ", prompt " << context
+            << ": no stretch of " << chunk
+            << " steps with the whole batch decoding (raise "
+               "--profile_decode_tokens)\n";
       }
-      if (steps.size() < 3) {
-        log << "decode batch " << batch << ", context " << context
-            << ": skipped (fewer than 3 steps with the whole batch)\n";
-        continue;
-      }
-      std::nth_element(steps.begin(), steps.begin() + steps.size() / 2,
-                       steps.end());
-      const double step_s = steps[steps.size() / 2] / 1e3;
-      decode.push_back({static_cast<double>(batch) * (context + t / 2.0),
-                        1.0 * batch, step_s});
-      log << "decode batch " << batch << ", context " << context << ": "
-          << step_s * 1e3 << " ms per step\n";
     }
   }
 

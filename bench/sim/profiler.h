@@ -3,11 +3,13 @@
 //   - prefill: one request at a time for each prompt length, max_tokens 1;
 //     the time is the prefill worker's own (PhaseTimings.prefill_ms), so
 //     queueing and RPC hops are not in it; fitted c0 + c1·l + c2·l²;
-//   - decode: B requests at once with prompts of P tokens and T output
-//     tokens each, for each batch B and context P; the step time is the
-//     median gap between tokens while the whole batch decodes (after the
-//     last request's first token, before the first one ends), fitted
-//     c0 + c1·Σctx + c2·B with Σctx = B·(P + T/2);
+//   - decode: B requests at once with short prompts of P tokens and T
+//     output tokens each, for each batch B; while the whole batch decodes
+//     (after the last request's first token, before the first one ends)
+//     every stretch of `decode_chunk_tokens` steps is one sample: the
+//     median gap between tokens against the batch's mean total context
+//     over the stretch (contexts grow as the answers do, so one run covers
+//     many), fitted c0 + c1·Σctx + c2·B;
 //   - transfer (split clusters): the prefill requests' KV bytes against the
 //     prefill worker's transfer time (first byte to the last layer's
 //     acknowledgement, which overlaps the prefill), fitted α + bytes/β;
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/serving/metrics.h"
 #include "worker/engine/cost_profile.h"
 
 namespace baton::sim {
@@ -34,8 +37,11 @@ struct ProfileOptions {
   std::vector<int> prefill_lengths = {32, 64, 128, 256, 512, 1024};
   int prefill_repeats = 2;
   std::vector<int> decode_batches = {1, 2, 4, 8, 16};
-  std::vector<int> decode_contexts = {64, 512};
-  int decode_tokens = 64;
+  // Prompt lengths of the decode runs: short, so the batch's prefills end
+  // soon and the contexts come from the answers.
+  std::vector<int> decode_contexts = {32};
+  int decode_tokens = 384;
+  int decode_chunk_tokens = 64;
   // The workers' scheduler settings (baton-worker's defaults), which the
   // profile carries for the simulator.
   int64_t max_batch_tokens = 512;
@@ -45,6 +51,16 @@ struct ProfileOptions {
   // The profile's name (what was measured: model, hardware, threads).
   std::string name;
 };
+
+// One decode sample: a stretch of steps in which all `batch` requests
+// decoded, the median step time and the batch's mean total context.
+struct DecodeWindowSample {
+  int64_t batch = 0;
+  int64_t sum_context = 0;
+  double step_s = 0;
+};
+std::vector<DecodeWindowSample> DecodeWindowSamples(
+    const std::vector<bench::RequestRecord>& records, int chunk);
 
 // Runs the measurements on `channel` (a Baton coordinator), logging each
 // step and fit to `log`.

@@ -7,6 +7,7 @@
 //             [--num_prompts=N --request_rate=R --burstiness=B
 //              --random_input_len=N --random_output_len=N
 //              --random_range_ratio=X | --trace=CSV]
+//             [--prefix_cache=true|false --trace_piece_tokens=512]
 //             [--ttft_slo_ms=N] [--max_waiting_requests=N]
 //             [--goodput="ttft:MS tpot:MS"] [--metric_percentiles=50,90,99]
 //             [--seed=N] [--save_result --result_filename=FILE]
@@ -41,6 +42,10 @@ ABSL_FLAG(int32_t, random_output_len, 128, "mean output tokens");
 ABSL_FLAG(double, random_range_ratio, 0.0,
           "lengths uniform in [mean (1 - r), mean (1 + r)]");
 ABSL_FLAG(std::string, trace, "", "CSV trace of arrivals and lengths");
+ABSL_FLAG(bool, prefix_cache, true,
+          "workers cache prompt blocks by prefix (traces with hash ids)");
+ABSL_FLAG(int64_t, trace_piece_tokens, 512,
+          "tokens per hash id of a trace (Mooncake's: 512)");
 ABSL_FLAG(int64_t, ttft_slo_ms, 0, "the coordinator's --ttft_slo_ms");
 ABSL_FLAG(int64_t, max_waiting_requests, 1024,
           "the coordinator's --max_waiting_requests");
@@ -73,6 +78,8 @@ int Main() {
   if (!profile.ok()) return Fail(profile.status());
   options.profile = *profile;
   options.policy = absl::GetFlag(FLAGS_policy);
+  options.prefix_cache = absl::GetFlag(FLAGS_prefix_cache);
+  options.piece_tokens = absl::GetFlag(FLAGS_trace_piece_tokens);
   options.admission.ttft_slo =
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =
@@ -108,6 +115,16 @@ int Main() {
   const bench::BenchMetrics metrics =
       bench::ComputeMetrics(result->records, *slo, *percentiles);
   std::printf("%s", bench::FormatSummary(metrics, run, *slo).c_str());
+  if (result->cached_tokens > 0) {
+    std::printf(
+        "prefix cache: %lld of %lld prompt tokens cached (%.1f%%), %lld "
+        "blocks evicted\n",
+        static_cast<long long>(result->cached_tokens),
+        static_cast<long long>(result->prompt_tokens),
+        100.0 * static_cast<double>(result->cached_tokens) /
+            static_cast<double>(result->prompt_tokens),
+        static_cast<long long>(result->evicted_blocks));
+  }
   std::printf(
       "simulated %zu requests on %s (%s) in %.2f s of wall time, %lld "
       "events, max RSS %.0f MiB\n",
@@ -122,6 +139,9 @@ int Main() {
         {"profile", ProfileJson(options.profile)},
         {"ttft_slo_ms", absl::GetFlag(FLAGS_ttft_slo_ms)},
         {"trace", absl::GetFlag(FLAGS_trace)},
+        {"prefix_cache", options.prefix_cache},
+        {"cached_tokens", result->cached_tokens},
+        {"prompt_tokens", result->prompt_tokens},
         {"request_rate", absl::GetFlag(FLAGS_request_rate)},
         {"seed", absl::GetFlag(FLAGS_seed)}};
     if (absl::Status s =

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/sim/prefix_model.h"
 #include "common/check.h"
 #include "coordinator/routing_policy.h"
 #include "worker/engine/prefill_rate.h"
@@ -47,6 +48,8 @@ struct Request {
   int64_t generated = 0;
   double prefill_start = 0;
   double last_token = 0;
+  std::vector<BlockHash> chain;  // full prompt blocks, while in flight
+  int64_t transfer_tokens = 0;   // those its decode worker lacks
 };
 
 enum class EventType { kArrival, kStepDone, kKvLanded };
@@ -65,7 +68,10 @@ class Simulation {
  public:
   Simulation(const SimOptions& options, const std::vector<SimRequest>& in,
              std::unique_ptr<coordinator::RoutingPolicy> policy)
-      : options_(options), p_(options.profile), policy_(std::move(policy)) {
+      : options_(options),
+        p_(options.profile),
+        policy_(std::move(policy)),
+        prefix_(options.profile.block_size, options.piece_tokens) {
     requests_.resize(in.size());
     result_.records.resize(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
@@ -106,6 +112,7 @@ class Simulation {
       }
     }
     result_.end_s = now_;
+    result_.evicted_blocks = prefix_.evictions();
     return std::move(result_);
   }
 
@@ -123,6 +130,7 @@ class Simulation {
       info.load.kv_blocks_total = p_.kv_blocks;
       info.load.kv_blocks_free = p_.kv_blocks;
       by_id_[info.ref.id] = static_cast<int>(workers_.size());
+      prefix_.AddWorker(info.ref.id);
       Worker& w = workers_.emplace_back();
       w.role = role;
       w.free_blocks = p_.kv_blocks;
@@ -166,6 +174,13 @@ class Simulation {
     return info;
   }
 
+  // Info(r) with what the PrefixIndex knows of `pool`'s caches.
+  RequestInfo RoutingInfo(int r, const Candidates& pool) const {
+    RequestInfo info = Info(r);
+    prefix_.Fill(requests_[static_cast<size_t>(r)].chain, pool, &info);
+    return info;
+  }
+
   void Fail(int r, absl::StatusCode code, const std::string& message) {
     bench::RequestRecord& rec = result_.records[static_cast<size_t>(r)];
     rec.success = false;
@@ -189,8 +204,12 @@ class Simulation {
     }
     ++waiting_;
     Request& req = requests_[static_cast<size_t>(r)];
+    if (options_.prefix_cache) {
+      req.chain = prefix_.Chain(req.in.piece_ids, req.in.input_len);
+    }
     if (options_.prefill == 0) return SendToPrefill(r, &both_pool_);
-    const int decode = WorkerOf(policy_->PickDecode(decode_pool_, info));
+    const int decode = WorkerOf(
+        policy_->PickDecode(decode_pool_, RoutingInfo(r, decode_pool_)));
     if (decode >= 0) {
       Reserve(r, decode);
       return SendToPrefill(r, &prefill_pool_);
@@ -213,12 +232,15 @@ class Simulation {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.free_blocks -= req.blocks;
     BATON_CHECK(worker.free_blocks >= 0);
+    // The transfer carries only the blocks this worker's cache lacks.
+    const int64_t held = prefix_.Use(w, req.chain, worker.free_blocks);
+    req.transfer_tokens = req.in.input_len - held * p_.block_size;
     Sync(w);
   }
 
   void SendToPrefill(int r, Candidates* pool) {
     Request& req = requests_[static_cast<size_t>(r)];
-    const int w = WorkerOf(policy_->PickPrefill(*pool, Info(r)));
+    const int w = WorkerOf(policy_->PickPrefill(*pool, RoutingInfo(r, *pool)));
     BATON_CHECK(w >= 0);
     req.prefill = w;
     Worker& worker = workers_[static_cast<size_t>(w)];
@@ -236,6 +258,10 @@ class Simulation {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.free_blocks += req.blocks;
     req.blocks = 0;
+    // Its prompt blocks stay cached in the space it frees.
+    prefix_.Store(w, req.chain, worker.free_blocks);
+    req.chain.clear();
+    req.chain.shrink_to_fit();
     while (!worker.line.empty()) {
       const int next = worker.line.front();
       if (coordinator::DecodeBlocksNeeded(Info(next), p_.block_size) >
@@ -291,12 +317,12 @@ class Simulation {
     // Prompts this step prefills: whole ones, first come first served, up
     // to the token budget (at least one); colocated ones only once their
     // blocks fit.
-    std::vector<int64_t> lengths;
+    std::vector<PrefillPiece> pieces;
     int64_t tokens = 0;
     while (!worker.prompts.empty() && worker.role != WorkerRole::kDecode) {
       const int r = worker.prompts.front();
       Request& req = requests_[static_cast<size_t>(r)];
-      if (!lengths.empty() && tokens + req.in.input_len > p_.max_batch_tokens) {
+      if (!pieces.empty() && tokens + req.in.input_len > p_.max_batch_tokens) {
         break;
       }
       if (worker.role == WorkerRole::kBoth) {
@@ -309,7 +335,18 @@ class Simulation {
       }
       worker.prompts.pop_front();
       req.prefill_start = now_;
-      lengths.push_back(req.in.input_len);
+      // Computed on top of the cached prefix; a fully cached prompt still
+      // computes its last token.
+      const int64_t capacity =
+          worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
+      const int64_t cached =
+          std::min(prefix_.Use(w, req.chain, capacity) * p_.block_size,
+                   req.in.input_len - 1);
+      result_.records[static_cast<size_t>(r)].cached_tokens =
+          static_cast<int>(cached);
+      result_.prompt_tokens += req.in.input_len;
+      result_.cached_tokens += cached;
+      pieces.push_back({cached, req.in.input_len - cached});
       tokens += req.in.input_len;
       worker.in_step.push_back(r);
     }
@@ -319,7 +356,7 @@ class Simulation {
       worker.joining.pop_front();
     }
     double seconds = 0;
-    if (!lengths.empty()) seconds += PrefillSeconds(p_, lengths);
+    if (!pieces.empty()) seconds += PrefillSeconds(p_, pieces);
     if (!worker.running.empty()) {
       int64_t context = 0;
       for (int r : worker.running) {
@@ -329,7 +366,7 @@ class Simulation {
       seconds += DecodeSeconds(p_, context,
                                static_cast<int64_t>(worker.running.size()));
     }
-    if (lengths.empty() && worker.running.empty()) return;
+    if (pieces.empty() && worker.running.empty()) return;
     worker.busy = true;
     worker.step_start = now_;
     Push(now_ + seconds, EventType::kStepDone, w);
@@ -355,6 +392,11 @@ class Simulation {
       Request& req = requests_[static_cast<size_t>(r)];
       prompt_tokens += req.in.input_len;
       worker.queued_prefill_tokens -= req.in.input_len;
+      // A prefill worker keeps the prompt's blocks cached; a colocated one
+      // holds them for the request and caches them when it ends (Free).
+      if (worker.role == WorkerRole::kPrefill) {
+        prefix_.Store(w, req.chain, p_.kv_blocks);
+      }
       Token(r);
       if (Done(r)) {
         Finish(r);
@@ -363,7 +405,7 @@ class Simulation {
       } else {
         // The transfer overlaps the prefill layer by layer.
         Push(std::max(now_, req.prefill_start +
-                                TransferSeconds(p_, req.in.input_len)),
+                                TransferSeconds(p_, req.transfer_tokens)),
              EventType::kKvLanded, r);
       }
     }
@@ -382,6 +424,7 @@ class Simulation {
   const SimOptions& options_;
   const WorkerProfile& p_;
   std::unique_ptr<coordinator::RoutingPolicy> policy_;
+  PrefixModel prefix_;
   std::vector<Request> requests_;
   std::deque<Worker> workers_;  // PrefillRate does not move
   absl::flat_hash_map<std::string, int> by_id_;
@@ -454,6 +497,13 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& options,
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "policy '", options.policy, "': least_loaded or round_robin"));
+  }
+  if (options.piece_tokens <= 0 ||
+      options.piece_tokens % options.profile.block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("piece_tokens ", options.piece_tokens,
+                     " must be a positive multiple of the block size (",
+                     options.profile.block_size, ")"));
   }
   const int64_t largest =
       options.profile.kv_blocks * options.profile.block_size;

@@ -14,7 +14,11 @@
 //   transfer, which overlaps the prefill layer by layer and so ends at
 //   max(prefill end, prefill start + transfer time) → the decode worker's
 //   running batch (up to max_num_seqs; one token per sequence per step) →
-//   the last token frees the reservation.
+//   the last token frees the reservation. With prompt piece ids, every
+//   worker caches full prompt blocks (prefix_model.h): routing weighs the
+//   coordinator's PrefixIndex of them, a prefill computes only what its
+//   worker lacks (a fully cached prompt still its last token), and a KV
+//   transfer carries only the blocks its decode worker lacks.
 //   colocated (`both` workers only): the worker's queue; a prompt starts
 //   when its prompt + output blocks fit; each step prefills the prompts it
 //   takes and decodes the running batch, and lasts the sum of both times.
@@ -37,9 +41,16 @@
 namespace baton::sim {
 
 struct SimRequest {
+  SimRequest() = default;
+  SimRequest(double arrival, int64_t input, int64_t output)
+      : arrival_s(arrival), input_len(input), output_len(output) {}
+
   double arrival_s = 0;
   int64_t input_len = 1;   // >= 1
   int64_t output_len = 1;  // >= 1, the first token included
+  // Ids of the prompt's consecutive pieces of SimOptions::piece_tokens
+  // tokens (prefix_model.h); empty: its prompt shares no prefix.
+  std::vector<int64_t> piece_ids;
 };
 
 struct SimOptions {
@@ -52,6 +63,10 @@ struct SimOptions {
   // "least_loaded" or "round_robin", as baton-coordinator's --policy.
   std::string policy = "least_loaded";
   coordinator::AdmissionOptions admission;
+  // Workers cache prompt blocks by prefix (prefix_model.h), as the engine's
+  // --prefix_cache=on; pieces of piece_tokens (a multiple of the block size).
+  bool prefix_cache = true;
+  int64_t piece_tokens = 512;
 };
 
 // Parses "1P1D", "2C", "4P12D" into prefill / decode / both counts.
@@ -63,6 +78,10 @@ struct SimResult {
   // The last event's time.
   double end_s = 0;
   int64_t events = 0;
+  // Prompt tokens in all and those a prefix cache held (not computed).
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t evicted_blocks = 0;
 };
 
 // INVALID_ARGUMENT for a bad shape, policy or request.

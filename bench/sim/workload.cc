@@ -10,12 +10,66 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "bench/serving/arrivals.h"
+#include "nlohmann/json.hpp"
 
 namespace baton::sim {
+
+namespace {
+
+// Mooncake's JSONL: one object per line with timestamp (ms), input_length,
+// output_length and hash_ids (one per 512-token piece of the prompt).
+absl::StatusOr<std::vector<SimRequest>> ReadMooncake(const std::string& path,
+                                                     std::ifstream& in) {
+  std::vector<SimRequest> out;
+  std::string line;
+  for (int row = 1; std::getline(in, line); ++row) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    SimRequest r;
+    bool ok = j.is_object() && j.contains("timestamp") &&
+              j["timestamp"].is_number() && j.contains("input_length") &&
+              j["input_length"].is_number_integer() &&
+              j.contains("output_length") &&
+              j["output_length"].is_number_integer();
+    if (ok) {
+      r.arrival_s = j["timestamp"].get<double>() / 1e3;
+      r.input_len = j["input_length"].get<int64_t>();
+      r.output_len = j["output_length"].get<int64_t>();
+      if (j.contains("hash_ids")) {
+        const nlohmann::json& ids = j["hash_ids"];
+        ok = ids.is_array();
+        for (size_t i = 0; ok && i < ids.size(); ++i) {
+          ok = ids[i].is_number_integer();
+          if (ok) r.piece_ids.push_back(ids[i].get<int64_t>());
+        }
+      }
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", row,
+                       ": want {\"timestamp\": ms, \"input_length\": n, "
+                       "\"output_length\": n, \"hash_ids\": [...]}, got '",
+                       line.substr(0, 200), "'"));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<SimRequest>> ReadTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  if (in.peek() == '{') {
+    auto requests = ReadMooncake(path, in);
+    if (!requests.ok()) return requests.status();
+    std::stable_sort(requests->begin(), requests->end(),
+                     [](const SimRequest& a, const SimRequest& b) {
+                       return a.arrival_s < b.arrival_s;
+                     });
+    return requests;
+  }
   std::string line;
   std::getline(in, line);
   const bool azure = line.rfind("TIMESTAMP", 0) == 0;
@@ -23,7 +77,8 @@ absl::StatusOr<std::vector<SimRequest>> ReadTrace(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path,
                      ": header must be timestamp_s,input_len,output_len or "
-                     "TIMESTAMP,ContextTokens,GeneratedTokens"));
+                     "TIMESTAMP,ContextTokens,GeneratedTokens, or JSON lines "
+                     "as Mooncake's traces"));
   }
   std::vector<SimRequest> out;
   absl::Time first = absl::InfinitePast();

@@ -3,7 +3,11 @@
 // either `timestamp_s,input_len,output_len` (seconds from the start), or
 // Azure's LLM inference trace columns `TIMESTAMP,ContextTokens,
 // GeneratedTokens` (TIMESTAMP as "2023-11-16 18:15:46.6805900"; times are
-// taken relative to the first).
+// taken relative to the first); or Mooncake's JSON lines, one request per
+// line: {"timestamp": ms, "input_length": n, "output_length": n,
+// "hash_ids": [...]}, each hash id naming a 512-token piece of the prompt
+// (chained: equal ids, equal prefixes), which the simulator maps onto its
+// block_size-token blocks (prefix_model.h).
 #ifndef BATON_BENCH_SIM_WORKLOAD_H_
 #define BATON_BENCH_SIM_WORKLOAD_H_
 

@@ -206,27 +206,35 @@ void Cluster::FillCachedTokens(const Candidates& pool,
                                RequestInfo* request) const {
   if (request->prompt_ids == nullptr || request->prompt_ids->empty()) return;
   const std::vector<int32_t>& prompt = *request->prompt_ids;
-  // One chain per (root, block size): workers of one model share it.
-  std::vector<std::pair<std::pair<BlockHash, int64_t>, std::vector<BlockHash>>>
-      chains;
+  // One chain per (root, block size), matched against the index once for
+  // every worker: workers of one model share it.
+  struct Chain {
+    BlockHash root;
+    int64_t block_size;
+    absl::flat_hash_map<WorkerId, int64_t> matched;
+  };
+  std::vector<Chain> chains;
   for (const WorkerInfo& w : pool) {
     if (!w.registration.prefix_root.has_value()) continue;
     const int64_t block_size = w.registration.kv_layout.block_size;
     if (block_size < 1) continue;
-    const auto key = std::pair(*w.registration.prefix_root, block_size);
-    auto it = std::find_if(chains.begin(), chains.end(),
-                           [&](const auto& c) { return c.first == key; });
+    const BlockHash& root = *w.registration.prefix_root;
+    auto it = std::find_if(chains.begin(), chains.end(), [&](const Chain& c) {
+      return c.root == root && c.block_size == block_size;
+    });
     if (it == chains.end()) {
       std::vector<BlockHash> chain;
       // Workers never share the block of the last prompt token.
-      ExtendBlockHashes(key.first, prompt, block_size,
+      ExtendBlockHashes(root, prompt, block_size,
                         (static_cast<int64_t>(prompt.size()) - 1) / block_size,
                         &chain);
-      chains.emplace_back(key, std::move(chain));
+      chains.push_back({root, block_size, prefix_index_.MatchAll(chain)});
       it = chains.end() - 1;
     }
-    const int64_t blocks = prefix_index_.MatchLength(w.ref.id, it->second);
-    if (blocks > 0) request->cached_tokens[w.ref.id] = blocks * block_size;
+    auto found = it->matched.find(w.ref.id);
+    if (found != it->matched.end() && found->second > 0) {
+      request->cached_tokens[w.ref.id] = found->second * block_size;
+    }
   }
 }
 

@@ -139,6 +139,18 @@ double PrefillSeconds(const WorkerProfile& p,
   return p.prefill.c0 + p.prefill.c1 * sum + p.prefill.c2 * squares;
 }
 
+double PrefillSeconds(const WorkerProfile& p,
+                      std::span<const PrefillPiece> pieces) {
+  double sum = 0, squares = 0;
+  for (const PrefillPiece& piece : pieces) {
+    const auto start = static_cast<double>(piece.start);
+    const double end = start + static_cast<double>(piece.tokens);
+    sum += static_cast<double>(piece.tokens);
+    squares += end * end - start * start;
+  }
+  return p.prefill.c0 + p.prefill.c1 * sum + p.prefill.c2 * squares;
+}
+
 double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch) {
   return p.decode.c0 + p.decode.c1 * static_cast<double>(sum_context) +

@@ -62,6 +62,15 @@ absl::StatusOr<WorkerProfile> LoadProfile(const std::string& path);
 nlohmann::json ProfileJson(const WorkerProfile& profile);
 
 double PrefillSeconds(const WorkerProfile& p, std::span<const int64_t> lengths);
+// A prompt piece computed on top of `start` tokens already in the cache (a
+// prefix-cache hit, an earlier chunk): its tokens cost c1 each and attend
+// to everything before them, c2·((start + tokens)² - start²).
+struct PrefillPiece {
+  int64_t start = 0;
+  int64_t tokens = 0;
+};
+double PrefillSeconds(const WorkerProfile& p,
+                      std::span<const PrefillPiece> pieces);
 double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch);
 double TransferSeconds(const WorkerProfile& p, int64_t tokens);

@@ -22,7 +22,7 @@ class SimulatedRunner : public ForwardRunner {
   absl::Status Forward(std::span<const ForwardItem> items,
                        std::vector<float>* logits,
                        const LayerDoneFn& on_layer_done) override {
-    std::vector<int64_t> prompt_lengths;
+    std::vector<PrefillPiece> prompt_pieces;
     int64_t decode_batch = 0, context = 0, rows = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       const ForwardItem& item = items[i];
@@ -37,15 +37,15 @@ class SimulatedRunner : public ForwardRunner {
         ++decode_batch;
         context += item.start_pos + 1;
       } else {
-        prompt_lengths.push_back(n);
+        prompt_pieces.push_back({item.start_pos, n});
       }
       rows += item.logits == LogitsMode::kNone   ? 0
               : item.logits == LogitsMode::kLast ? 1
                                                  : n;
     }
     double seconds = 0;
-    if (!prompt_lengths.empty()) {
-      seconds += PrefillSeconds(profile_, prompt_lengths);
+    if (!prompt_pieces.empty()) {
+      seconds += PrefillSeconds(profile_, prompt_pieces);
     }
     if (decode_batch > 0) {
       seconds += DecodeSeconds(profile_, context, decode_batch);

@@ -1,0 +1,111 @@
+#include "bench/sim/prefix_model.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace baton::sim {
+
+int64_t BlockLru::Match(std::span<const BlockHash> chain) const {
+  int64_t n = 0;
+  for (const BlockHash& h : chain) {
+    if (!where_.contains(h)) break;
+    ++n;
+  }
+  return n;
+}
+
+void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
+                     std::vector<BlockHash>* stored,
+                     std::vector<BlockHash>* removed) {
+  // Leaf first, so block 0 ends most recently used and is evicted last.
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    auto found = where_.find(*it);
+    if (found != where_.end()) {
+      order_.splice(order_.end(), order_, found->second);
+      continue;
+    }
+    where_[*it] = order_.insert(order_.end(), *it);
+    stored->push_back(*it);
+  }
+  Shrink(capacity, removed);
+}
+
+void BlockLru::Shrink(int64_t capacity, std::vector<BlockHash>* removed) {
+  while (size() > std::max<int64_t>(0, capacity)) {
+    removed->push_back(order_.front());
+    where_.erase(order_.front());
+    order_.pop_front();
+  }
+}
+
+PrefixModel::PrefixModel(int64_t block_size, int64_t piece_tokens)
+    : block_size_(block_size), piece_tokens_(piece_tokens) {
+  BATON_CHECK(block_size_ > 0 && piece_tokens_ > 0 &&
+              piece_tokens_ % block_size_ == 0);
+}
+
+void PrefixModel::AddWorker(const std::string& id) {
+  ids_.push_back(id);
+  lru_.emplace_back();
+}
+
+std::vector<BlockHash> PrefixModel::Chain(std::span<const int64_t> piece_ids,
+                                          int64_t input_len) const {
+  std::vector<BlockHash> chain;
+  const int64_t per_piece = piece_tokens_ / block_size_;
+  for (int64_t j = 0; (j + 1) * block_size_ <= input_len; ++j) {
+    const auto piece = static_cast<size_t>(j / per_piece);
+    if (piece >= piece_ids.size()) break;
+    chain.push_back({static_cast<uint64_t>(piece_ids[piece]),
+                     static_cast<uint64_t>(j % per_piece) + 1});
+  }
+  return chain;
+}
+
+void PrefixModel::Fill(std::span<const BlockHash> chain,
+                       const coordinator::Candidates& pool,
+                       coordinator::RequestInfo* info) const {
+  if (chain.empty()) return;
+  const auto matched = index_.MatchAll(chain);
+  if (matched.empty()) return;
+  for (const coordinator::WorkerInfo& w : pool) {
+    auto it = matched.find(w.ref.id);
+    if (it != matched.end()) {
+      info->cached_tokens[w.ref.id] = it->second * block_size_;
+    }
+  }
+}
+
+int64_t PrefixModel::Use(int w, std::span<const BlockHash> chain,
+                         int64_t capacity) {
+  const int64_t hit = lru_[static_cast<size_t>(w)].Match(chain);
+  if (hit > 0) Store(w, chain.first(static_cast<size_t>(hit)), capacity);
+  return hit;
+}
+
+void PrefixModel::Store(int w, std::span<const BlockHash> chain,
+                        int64_t capacity) {
+  std::vector<BlockHash> stored, removed;
+  lru_[static_cast<size_t>(w)].Store(chain, capacity, &stored, &removed);
+  Tell(w, stored, removed);
+}
+
+void PrefixModel::Shrink(int w, int64_t capacity) {
+  std::vector<BlockHash> removed;
+  lru_[static_cast<size_t>(w)].Shrink(capacity, &removed);
+  Tell(w, {}, removed);
+}
+
+int64_t PrefixModel::CachedBlocks(int w) const {
+  return lru_[static_cast<size_t>(w)].size();
+}
+
+void PrefixModel::Tell(int w, const std::vector<BlockHash>& stored,
+                       const std::vector<BlockHash>& removed) {
+  evictions_ += static_cast<int64_t>(removed.size());
+  if (stored.empty() && removed.empty()) return;
+  index_.Apply(ids_[static_cast<size_t>(w)], false, stored, removed);
+}
+
+}  // namespace baton::sim

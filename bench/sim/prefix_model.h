@@ -1,0 +1,89 @@
+// The simulated workers' prefix caches, and the coordinator's view of them
+// through its own PrefixIndex (coordinator/prefix_index.h), so routing in
+// baton-sim weighs cached prefixes exactly as baton-coordinator does.
+//
+// A prompt's blocks come from its trace: ids of consecutive pieces of
+// `piece_tokens` tokens (Mooncake's traces hash 512-token pieces, chained:
+// equal ids mean equal prefixes). Block j of block_size tokens lies in
+// piece j·block_size / piece_tokens, so its key is (that piece's id, the
+// block's index inside the piece); only full blocks are keys, as in the
+// engine.
+//
+// Each worker's cache is an LRU of block keys living in its free KV blocks
+// (as the engine's cached-but-unused blocks do): a reservation that takes
+// free blocks evicts the least recently used first, and a prompt's blocks
+// are stored leaf first so a prefix outlives its extensions. The index
+// hears every store and eviction at once (no heartbeat lag).
+#ifndef BATON_BENCH_SIM_PREFIX_MODEL_H_
+#define BATON_BENCH_SIM_PREFIX_MODEL_H_
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "coordinator/prefix_index.h"
+#include "coordinator/routing_policy.h"
+#include "worker/kv_cache/prefix_hash.h"
+
+namespace baton::sim {
+
+// One worker's cached blocks, least recently used first.
+class BlockLru {
+ public:
+  // How many leading blocks of `chain` are held.
+  int64_t Match(std::span<const BlockHash> chain) const;
+  // Stores (or refreshes) `chain`, leaf first, then evicts down to
+  // `capacity`; appends what it newly stored and what it evicted.
+  void Store(std::span<const BlockHash> chain, int64_t capacity,
+             std::vector<BlockHash>* stored, std::vector<BlockHash>* removed);
+  // Evicts least recently used blocks down to `capacity`.
+  void Shrink(int64_t capacity, std::vector<BlockHash>* removed);
+  int64_t size() const { return static_cast<int64_t>(where_.size()); }
+
+ private:
+  std::list<BlockHash> order_;  // front: least recently used
+  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> where_;
+};
+
+class PrefixModel {
+ public:
+  PrefixModel(int64_t block_size, int64_t piece_tokens);
+
+  // Adds a worker (its index is the order of calls) under its routing id.
+  void AddWorker(const std::string& id);
+  // Full-block keys of a prompt of `input_len` tokens whose pieces have
+  // `piece_ids`; empty without ids.
+  std::vector<BlockHash> Chain(std::span<const int64_t> piece_ids,
+                               int64_t input_len) const;
+  // The index's cached tokens of `chain` on each worker of `pool`, for
+  // RequestInfo.cached_tokens (workers holding none are left out).
+  void Fill(std::span<const BlockHash> chain,
+            const coordinator::Candidates& pool,
+            coordinator::RequestInfo* info) const;
+  // Leading blocks of `chain` worker `w` holds, refreshed as just used.
+  int64_t Use(int w, std::span<const BlockHash> chain, int64_t capacity);
+  // Stores `chain` on worker `w` within `capacity` blocks.
+  void Store(int w, std::span<const BlockHash> chain, int64_t capacity);
+  // Evicts down to `capacity` blocks (its free blocks shrank).
+  void Shrink(int w, int64_t capacity);
+  int64_t CachedBlocks(int w) const;
+  int64_t evictions() const { return evictions_; }
+
+ private:
+  void Tell(int w, const std::vector<BlockHash>& stored,
+            const std::vector<BlockHash>& removed);
+
+  int64_t block_size_;
+  int64_t piece_tokens_;
+  coordinator::PrefixIndex index_;
+  std::vector<BlockLru> lru_;
+  std::vector<std::string> ids_;
+  int64_t evictions_ = 0;
+};
+
+}  // namespace baton::sim
+
+#endif  // BATON_BENCH_SIM_PREFIX_MODEL_H_

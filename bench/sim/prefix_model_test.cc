@@ -1,0 +1,159 @@
+#include "bench/sim/prefix_model.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "bench/sim/simulator.h"
+#include "bench/sim/workload.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Prefill costs 1 ms per token, a decode step 1 ms, a transfer 1 ms per
+// token (so a transfer of what is missing shows in the first gap).
+WorkerProfile TokenProfile() {
+  WorkerProfile p;
+  p.prefill.c1 = 1e-3;
+  p.decode.c0 = 1e-3;
+  p.kv_bytes_per_token = 1000;
+  p.transfer_alpha_s = 0;
+  p.transfer_bytes_per_s = 1e6;
+  p.kv_blocks = 1024;
+  p.block_size = 16;
+  p.max_batch_tokens = 4096;
+  p.max_num_seqs = 64;
+  return p;
+}
+
+SimRequest Prompt(double at, int64_t len, std::vector<int64_t> ids) {
+  SimRequest r{at, len, 4};
+  r.piece_ids = std::move(ids);
+  return r;
+}
+
+TEST(BlockLruTest, EvictsLeastRecentlyUsedLeavesFirst) {
+  BlockLru lru;
+  std::vector<BlockHash> stored, removed;
+  const std::vector<BlockHash> chain = {{1, 1}, {1, 2}, {1, 3}};
+  lru.Store(chain, 10, &stored, &removed);
+  EXPECT_EQ(stored.size(), 3u);
+  EXPECT_EQ(lru.Match(chain), 3);
+  // Room for two: the leaf goes, the prefix stays usable.
+  lru.Shrink(2, &removed);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0], (BlockHash{1, 3}));
+  EXPECT_EQ(lru.Match(chain), 2);
+  lru.Shrink(0, &removed);
+  EXPECT_EQ(lru.Match(chain), 0);
+}
+
+TEST(PrefixModelTest, MapsPiecesOntoFullBlocks) {
+  PrefixModel model(16, 512);
+  // 520 tokens: 32 blocks of piece 7, then no full block of piece 9.
+  const auto chain = model.Chain(std::vector<int64_t>{7, 9}, 520);
+  ASSERT_EQ(chain.size(), 32u);
+  EXPECT_EQ(chain[0], (BlockHash{7, 1}));
+  EXPECT_EQ(chain[31], (BlockHash{7, 32}));
+  EXPECT_EQ(model.Chain(std::vector<int64_t>{7, 9}, 544).size(), 34u);
+  EXPECT_TRUE(model.Chain({}, 544).empty());
+}
+
+// A second request with the same 512-token prefix computes only its own
+// tokens (and the cache off computes them all); a prompt cached whole still
+// computes its last token.
+TEST(SimulatorPrefixTest, ASharedPrefixIsComputedOnce) {
+  for (bool on : {true, false}) {
+    SimOptions options;
+    ASSERT_TRUE(ParseShape("1C", &options).ok());
+    options.profile = TokenProfile();
+    options.prefix_cache = on;
+    const std::vector<SimRequest> requests = {
+        Prompt(0, 600, {1, 2}), Prompt(10, 600, {1, 3}), Prompt(20, 512, {1})};
+    auto result = Simulate(options, requests);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const auto& r = result->records;
+    EXPECT_EQ(r[0].cached_tokens, 0);
+    EXPECT_EQ(r[1].cached_tokens, on ? 512 : 0);
+    EXPECT_EQ(r[2].cached_tokens, on ? 511 : 0);
+    EXPECT_NEAR(r[1].ttft_ms, on ? 88 : 600, 1e-6);
+    EXPECT_NEAR(r[2].ttft_ms, on ? 1 : 512, 1e-6);
+    EXPECT_EQ(result->cached_tokens, on ? 1023 : 0);
+  }
+}
+
+// Least-loaded routing weighs the coordinator's PrefixIndex: the next turn
+// of a conversation goes back to the prefill worker that holds it.
+TEST(SimulatorPrefixTest, RoutingFollowsTheCachedPrefix) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("4C", &options).ok());
+  options.profile = TokenProfile();
+  std::vector<SimRequest> requests;
+  for (int turn = 0; turn < 4; ++turn) {
+    for (int64_t conv = 0; conv < 4; ++conv) {
+      std::vector<int64_t> ids;
+      for (int i = 0; i <= turn; ++i) ids.push_back(100 * conv + i);
+      requests.push_back(Prompt(10.0 * turn + 0.001 * static_cast<double>(conv),
+                                512 * (turn + 1), ids));
+    }
+  }
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (size_t i = 4; i < requests.size(); ++i) {
+    EXPECT_EQ(result->records[i].prefill_worker,
+              result->records[i - 4].prefill_worker)
+        << "request " << i;
+    EXPECT_EQ(result->records[i].cached_tokens, 512 * static_cast<int>(i / 4));
+  }
+}
+
+// A split request whose decode worker already holds the prefix moves only
+// the rest: its first decode step waits for a shorter transfer.
+TEST(SimulatorPrefixTest, TheTransferCarriesOnlyWhatTheDecodeWorkerLacks) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+  options.profile = TokenProfile();
+  options.profile.prefill.c1 = 1e-5;  // the transfer dominates
+  const std::vector<SimRequest> requests = {Prompt(0, 1024, {1, 2}),
+                                            Prompt(10, 1024, {1, 3})};
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // 1000 bytes per token at 1 MB/s: 1 ms per token moved.
+  EXPECT_GT(result->records[0].itl_ms.front(), 1000);
+  EXPECT_LT(result->records[1].itl_ms.front(), 520);
+  EXPECT_GT(result->records[1].itl_ms.front(), 500);
+}
+
+TEST(MooncakeTraceTest, ReadsJsonLinesAndNamesABadRow) {
+  const std::string path = testing::TempDir() + "/mooncake.jsonl";
+  {
+    std::ofstream out(path);
+    out << R"({"timestamp": 1500, "input_length": 600, "output_length": 5, "hash_ids": [3, 4]})"
+        << "\n"
+        << R"({"timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [5]})"
+        << "\n";
+  }
+  auto trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->size(), 2u);
+  EXPECT_EQ((*trace)[0].arrival_s, 0);
+  EXPECT_EQ((*trace)[1].arrival_s, 1.5);
+  EXPECT_EQ((*trace)[1].input_len, 600);
+  EXPECT_EQ((*trace)[1].piece_ids, (std::vector<int64_t>{3, 4}));
+  {
+    std::ofstream out(path, std::ios::app);
+    out << R"({"timestamp": 2, "input_length": "many"})"
+        << "\n";
+  }
+  auto bad = ReadTrace(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("mooncake.jsonl:3"));
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace baton::sim

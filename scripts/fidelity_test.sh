@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The small fidelity case of scripts/fidelity.py, with the binaries in
+# BIN_DIR: bad options fail before any cluster starts; then a quick profile
+# of this host's 1P1D cluster, its saturation throughput and a point at half
+# of it, each measured and simulated from the same requests; the simulated
+# saturation throughput must be within 5% of the measured one and the
+# goodput within 15%.
+#
+#   scripts/fidelity_test.sh BIN_DIR
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:?usage: fidelity_test.sh BIN_DIR}"
+PYTHON=python3  # fidelity.py needs the standard library only
+OUT="$(mktemp -d /tmp/fidelity-test.XXXXXX)"
+trap 'rm -rf "$OUT"' EXIT
+fail() { echo "fidelity_test: FAIL: $*" >&2; exit 1; }
+FIDELITY=("$PYTHON" "$ROOT/scripts/fidelity.py" --bin="$BIN")
+
+expect_usage_error() {
+  local want="$1"; shift
+  local err
+  err="$("${FIDELITY[@]}" --out="$OUT/bad" "$@" 2>&1 >/dev/null)"
+  local status=$?
+  [[ $status -eq 2 ]] || fail "'$*' exited $status, want 2"
+  grep -q -- "$want" <<<"$err" || fail "'$*' said '$err', want '$want'"
+  [[ ! -e "$OUT/bad/profile.json" ]] || fail "'$*' started a cluster"
+}
+expect_usage_error "is not a fraction of capacity" --loads=1.5
+expect_usage_error "'p99' is not one of" --check=p99
+expect_usage_error "must be positive" --num_prompts=0
+echo "fidelity_test: bad options rejected" >&2
+
+"${FIDELITY[@]}" --quick_profile --shapes=1P1D --loads=0.5 --seeds=0 \
+  --num_prompts=12 --saturation_prompts=12 --input_len=192 --output_len=48 \
+  --goodput="ttft:4000 tpot:60" --check=saturation,goodput --out="$OUT/run" ||
+  fail "fidelity.py exited $?"
+for f in profile.json points-1P1D.json fidelity.md fidelity.json; do
+  [[ -s "$OUT/run/$f" ]] || fail "missing $f"
+done
+grep -q "| 1P1D | 50% |" "$OUT/run/fidelity.md" || fail "no 1P1D row"
+echo "fidelity_test: passed" >&2
