@@ -5,9 +5,14 @@
 //     scheduling included) and prefill tokens/s for 128- and 1024-token
 //     prompts;
 //   - llama.cpp's figures on the same file and thread count
-//     (bench/llama_cpp_bench.py via llama-cpp-python), as ratios.
+//     (bench/llama_cpp_bench.py via llama-cpp-python), as ratios;
+//   - for each prompt length, the rate of the model's own linear layers
+//     alone (the quantized GEMM kernels on its matrices, that many tokens,
+//     random inputs), and prefill's linear FLOPs per second as a share of
+//     it: what attention, norms, RoPE and scheduling cost on top.
 //
 //   build/bin/engine_bench --model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -22,6 +27,7 @@
 #include "bench/common/memory_bandwidth.h"
 #include "common/test_util.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
@@ -115,6 +121,53 @@ double PrefillRate(const ModelWeights& w, const Tokenizer& t, int threads,
   return ttft > 0 ? n / ttft : 0;
 }
 
+// Multiply-accumulates of one token through every layer's linear matrices
+// (not the output projection: a prefill computes logits for its last token
+// only).
+double LinearMacsPerToken(const ModelWeights& w) {
+  double macs = 0;
+  for (const LayerWeights& l : w.layers()) {
+    for (const TensorView* m :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      macs +=
+          static_cast<double>(m->shape[0]) * static_cast<double>(m->shape[1]);
+    }
+  }
+  return macs;
+}
+
+// GFLOP/s of the model's linear layers at `tokens` tokens: the GEMM kernels
+// alone, best of `reps`.
+double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
+                    int reps) {
+  int64_t widest = 0;
+  for (const LayerWeights& l : w.layers()) {
+    for (const TensorView* m :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      widest = std::max({widest, m->shape[0], m->shape[1]});
+    }
+  }
+  std::vector<float> x(static_cast<size_t>(tokens * widest));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(static_cast<int64_t>(i * 2654435761u % 2001) -
+                              1000) *
+           1e-3f;
+  }
+  std::vector<float> y(x.size());
+  double best = 1e30;
+  for (int r = 0; r < std::max(2, reps); ++r) {
+    const auto start = Clock::now();
+    for (const LayerWeights& l : w.layers()) {
+      for (const TensorView* m :
+           {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        if (!MatMul(*m, x.data(), tokens, y.data(), pool, {}).ok()) return 0;
+      }
+    }
+    best = std::min(best, Seconds(Clock::now() - start).count());
+  }
+  return 2 * LinearMacsPerToken(w) * static_cast<double>(tokens) / best / 1e9;
+}
+
 int Main() {
   std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) model = testing::DefaultModelPath();
@@ -205,6 +258,7 @@ int Main() {
 
   std::printf("\n%-22s %12s %12s %8s %10s\n", "", "Baton tok/s", "llama.cpp",
               "ratio", "ceiling %");
+  std::printf("%-22s %12s %12s %8s %10s\n", "", "", "", "", "GEMM peak %");
   double batch1 = 0;
   for (const auto& [b, best] : decode) {
     if (b == 1) batch1 = best;
@@ -215,11 +269,17 @@ int Main() {
     if (b != 1 && batch1 > 0) std::printf("   %.2fx batch 1", best / batch1);
     std::printf("\n");
   }
+  const double macs = LinearMacsPerToken(**weights);
   for (const auto& [n, best] : prefill) {
     const double ref = llama_rate("prefill", n);
-    std::printf("%-22s %12.1f %12.1f %8.2f\n",
-                ("prefill, " + std::to_string(n) + " tokens").c_str(), best,
-                ref, ref > 0 ? best / ref : 0);
+    const double gemm = LinearGflops(**weights, pool->get(), n, reps);
+    const double used = 2 * macs * best / 1e9;
+    std::printf(
+        "%-22s %12.1f %12.1f %8.2f %9.0f%%   %.1f of %.1f GFLOP/s (linear "
+        "layers alone at %d tokens)\n",
+        ("prefill, " + std::to_string(n) + " tokens").c_str(), best, ref,
+        ref > 0 ? best / ref : 0, gemm > 0 ? 100 * used / gemm : 0, used, gemm,
+        n);
   }
   return 0;
 }

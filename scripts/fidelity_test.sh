@@ -31,7 +31,7 @@ expect_usage_error "must be positive" --num_prompts=0
 echo "fidelity_test: bad options rejected" >&2
 
 "${FIDELITY[@]}" --quick_profile --shapes=1P1D --loads=0.5 --seeds=0 \
-  --num_prompts=12 --saturation_prompts=12 --input_len=192 --output_len=48 \
+  --num_prompts=12 --saturation_prompts=16 --input_len=192 --output_len=48 \
   --goodput="ttft:4000 tpot:60" --check=saturation,goodput --out="$OUT/run" ||
   fail "fidelity.py exited $?"
 for f in profile.json points-1P1D.json fidelity.md fidelity.json; do

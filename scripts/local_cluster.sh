@@ -26,6 +26,8 @@
 #   --worker_flag=F    pass F to every worker (repeatable), e.g.
 #                      --worker_flag=--prefix_cache=off
 #   --coordinator_flag=F  pass F to the coordinator (repeatable)
+#   --coordinator_cpus=LIST, --worker_cpus=LIST  pin the coordinator, every
+#                      worker, to these CPUs (taskset -c LIST)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
 # BATON_SERVER=HOST:PORT, BATON_PIDS (the coordinator's process id, then
 # the workers'), and BATON_HTTP with --http_port, in its
@@ -34,12 +36,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
 PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=() EXTRA_WORKER_FLAGS=() EXTRA_COORDINATOR_FLAGS=()
+COORDINATOR_PIN=() WORKER_PIN=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --port=*) PORT="${1#*=}" ;;
@@ -55,6 +58,8 @@ while [[ $# -gt 0 ]]; do
     --metrics_port=*) METRICS_PORT="${1#*=}" ;;
     --worker_flag=*) EXTRA_WORKER_FLAGS+=("${1#*=}") ;;
     --coordinator_flag=*) EXTRA_COORDINATOR_FLAGS+=("${1#*=}") ;;
+    --coordinator_cpus=*) COORDINATOR_PIN=(taskset -c "${1#*=}") ;;
+    --worker_cpus=*) WORKER_PIN=(taskset -c "${1#*=}") ;;
     --) shift; COMMAND=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "local_cluster: unknown option '$1'" >&2; usage ;;
@@ -116,7 +121,7 @@ listening_address() {
 COORDINATOR_FLAGS=("${EXTRA_COORDINATOR_FLAGS[@]}")
 [[ -n "$HTTP_PORT" ]] && COORDINATOR_FLAGS+=(--http_listen="127.0.0.1:$HTTP_PORT")
 [[ -n "$METRICS_PORT" ]] && COORDINATOR_FLAGS+=(--metrics_listen="127.0.0.1:$METRICS_PORT")
-"$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --control_listen="127.0.0.1:$CONTROL_PORT" \
+"${COORDINATOR_PIN[@]}" "$BIN/baton-coordinator" --listen="127.0.0.1:$PORT" --control_listen="127.0.0.1:$CONTROL_PORT" \
   --model="$MODEL" "${COORDINATOR_FLAGS[@]}" \
   >"$LOGS/coordinator.out" 2>"$LOGS/coordinator.log" &
 PIDS+=($!)
@@ -145,7 +150,7 @@ if [[ "$DEVICE" =~ ^cuda:([0-9]+(,[0-9]+)+)$ ]]; then
   for n in "${ordinals[@]}"; do DEVICES+=("cuda:$n"); done
 fi
 for i in "${!ROLES[@]}"; do
-  "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
+  "${WORKER_PIN[@]}" "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
     --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \
     --coordinator="$CONTROL" "${EXTRA_WORKER_FLAGS[@]}" \

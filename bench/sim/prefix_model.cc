@@ -15,6 +15,21 @@ int64_t BlockLru::Match(std::span<const BlockHash> chain) const {
   return n;
 }
 
+void BlockLru::Unlink(uint32_t n) {
+  Node& node = nodes_[n];
+  (node.prev == kNone ? head_ : nodes_[node.prev].next) = node.next;
+  (node.next == kNone ? tail_ : nodes_[node.next].prev) = node.prev;
+  node.prev = node.next = kNone;
+}
+
+void BlockLru::PushBack(uint32_t n) {
+  Node& node = nodes_[n];
+  node.prev = tail_;
+  node.next = kNone;
+  (tail_ == kNone ? head_ : nodes_[tail_].next) = n;
+  tail_ = n;
+}
+
 void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
                      std::vector<BlockHash>* stored,
                      std::vector<BlockHash>* removed) {
@@ -22,10 +37,21 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     auto found = where_.find(*it);
     if (found != where_.end()) {
-      order_.splice(order_.end(), order_, found->second);
+      Unlink(found->second);
+      PushBack(found->second);
       continue;
     }
-    where_[*it] = order_.insert(order_.end(), *it);
+    uint32_t n;
+    if (!free_.empty()) {
+      n = free_.back();
+      free_.pop_back();
+    } else {
+      n = static_cast<uint32_t>(nodes_.size());
+      nodes_.emplace_back();
+    }
+    nodes_[n].key = *it;
+    PushBack(n);
+    where_[*it] = n;
     stored->push_back(*it);
   }
   Shrink(capacity, removed);
@@ -33,9 +59,11 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
 
 void BlockLru::Shrink(int64_t capacity, std::vector<BlockHash>* removed) {
   while (size() > std::max<int64_t>(0, capacity)) {
-    removed->push_back(order_.front());
-    where_.erase(order_.front());
-    order_.pop_front();
+    const uint32_t n = head_;
+    removed->push_back(nodes_[n].key);
+    where_.erase(nodes_[n].key);
+    Unlink(n);
+    free_.push_back(n);
   }
 }
 

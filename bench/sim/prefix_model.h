@@ -18,7 +18,6 @@
 #define BATON_BENCH_SIM_PREFIX_MODEL_H_
 
 #include <cstdint>
-#include <list>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,7 +29,10 @@
 
 namespace baton::sim {
 
-// One worker's cached blocks, least recently used first.
+// One worker's cached blocks, least recently used first: a doubly linked
+// list threaded through one vector (24 bytes a block) and a map from key to
+// node, so a simulation of hundreds of workers holding millions of blocks
+// stays small.
 class BlockLru {
  public:
   // How many leading blocks of `chain` are held.
@@ -44,8 +46,20 @@ class BlockLru {
   int64_t size() const { return static_cast<int64_t>(where_.size()); }
 
  private:
-  std::list<BlockHash> order_;  // front: least recently used
-  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> where_;
+  static constexpr uint32_t kNone = ~uint32_t{0};
+  struct Node {
+    BlockHash key;
+    uint32_t prev = kNone;  // towards the least recently used
+    uint32_t next = kNone;
+  };
+  void Unlink(uint32_t n);
+  void PushBack(uint32_t n);  // most recently used
+
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> free_;
+  uint32_t head_ = kNone;  // least recently used
+  uint32_t tail_ = kNone;
+  absl::flat_hash_map<BlockHash, uint32_t> where_;
 };
 
 class PrefixModel {

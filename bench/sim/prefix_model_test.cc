@@ -52,6 +52,31 @@ TEST(BlockLruTest, EvictsLeastRecentlyUsedLeavesFirst) {
   EXPECT_EQ(lru.Match(chain), 0);
 }
 
+TEST(BlockLruTest, ARefreshedBlockOutlivesOlderOnesAndNodesAreReused) {
+  BlockLru lru;
+  std::vector<BlockHash> stored, removed;
+  const std::vector<BlockHash> a = {{1, 1}, {1, 2}, {1, 3}};
+  const std::vector<BlockHash> b = {{2, 1}, {2, 2}};
+  lru.Store(a, 10, &stored, &removed);
+  lru.Store(b, 10, &stored, &removed);
+  lru.Store(std::span(a).first(1), 10, &stored, &removed);  // a's block 0
+  EXPECT_EQ(stored.size(), 5u);
+  lru.Shrink(3, &removed);
+  EXPECT_EQ(removed, (std::vector<BlockHash>{{1, 3}, {1, 2}}));
+  EXPECT_EQ(lru.Match(a), 1);
+  EXPECT_EQ(lru.Match(b), 2);
+  // Freed nodes take new blocks; the order stays consistent.
+  stored.clear();
+  removed.clear();
+  const std::vector<BlockHash> c = {{3, 1}, {3, 2}, {3, 3}, {3, 4}};
+  lru.Store(c, 5, &stored, &removed);
+  EXPECT_EQ(stored.size(), 4u);
+  EXPECT_EQ(removed, (std::vector<BlockHash>{{2, 2}, {2, 1}}));
+  EXPECT_EQ(lru.Match(c), 4);
+  EXPECT_EQ(lru.Match(a), 1);
+  EXPECT_EQ(lru.size(), 5);
+}
+
 TEST(PrefixModelTest, MapsPiecesOntoFullBlocks) {
   PrefixModel model(16, 512);
   // 520 tokens: 32 blocks of piece 7, then no full block of piece 9.

@@ -369,10 +369,14 @@ bool Engine::StepOnce() {
   // is released and the step fails.
   std::vector<KvHandoff*> streaming;
   std::vector<const BlockTable*> streaming_tables;
+  std::vector<uint64_t> streaming_serials;
+  // Handoffs of earlier steps still waiting for their confirmation.
+  const bool confirming = !handing_off_.empty();
   for (const ScheduledItem& s : scheduled) {
     if (s.samples && s.seq->prefill_only() && s.seq->handoff == nullptr) {
       StartHandoff(s.seq);
       streaming.push_back(s.seq->handoff.get());
+      streaming_serials.push_back(s.seq->handoff_serial);
       if (!s.seq->sink_reads_device_pool) {
         streaming_tables.push_back(&s.seq->table);
       }
@@ -380,8 +384,10 @@ bool Engine::StepOnce() {
   }
   absl::Status staging;
   LayerDoneFn on_layer = nullptr;
-  if (!streaming.empty()) {
-    on_layer = [this, &streaming, &streaming_tables, &staging](int64_t layer) {
+  if (!streaming.empty() || confirming) {
+    on_layer = [this, &streaming, &streaming_tables, &streaming_serials,
+                &staging, confirming](int64_t layer) {
+      if (confirming) FinishHandoffsMidStep(streaming_serials);
       if (!staging.ok()) return;
       if (!streaming_tables.empty()) {
         staging = runner_->CopyLayerToHost(layer, streaming_tables);

@@ -335,6 +335,12 @@ class Engine {
   void StartHandoff(Sequence* seq);
   // Finishes handoffs that completed or timed out; reaps detached ones.
   void ProcessHandoffs(const std::vector<uint64_t>& completed);
+  // Between the layers of a step: finishes the handoffs that completed
+  // since it began, except those of prompts in the step itself (their
+  // first token comes at its end, and must go first), so a handoff's report
+  // does not wait for a long step of other prompts to end.
+  void FinishHandoffsMidStep(const std::vector<uint64_t>& in_step);
+  void FinishCompletedHandoffs(const std::vector<uint64_t>& completed);
   void RemoveFromScheduler(Sequence* seq);
   // The fault points of a step (kFaultPrefillStep when it prefills part of
   // a prompt, kFaultDecodeStep when it decodes); an injected error fails

@@ -66,7 +66,26 @@ void Engine::StartHandoff(Sequence* seq) {
   handing_off_.emplace(serial, seq);
 }
 
-void Engine::ProcessHandoffs(const std::vector<uint64_t>& completed) {
+void Engine::FinishHandoffsMidStep(const std::vector<uint64_t>& in_step) {
+  std::vector<uint64_t> completed;
+  {
+    absl::MutexLock lock(&inbox_mu_);
+    if (handoffs_done_.empty()) return;
+    std::vector<uint64_t> later;
+    for (uint64_t serial : handoffs_done_) {
+      (std::find(in_step.begin(), in_step.end(), serial) == in_step.end()
+           ? completed
+           : later)
+          .push_back(serial);
+    }
+    handoffs_done_.swap(later);
+  }
+  // Their sequences are detached from the scheduler and in no batch: the
+  // step being computed reads none of their blocks.
+  FinishCompletedHandoffs(completed);
+}
+
+void Engine::FinishCompletedHandoffs(const std::vector<uint64_t>& completed) {
   for (uint64_t serial : completed) {
     auto it = handing_off_.find(serial);
     if (it == handing_off_.end()) continue;  // timed out earlier
@@ -77,6 +96,10 @@ void Engine::ProcessHandoffs(const std::vector<uint64_t>& completed) {
     RemoveFromScheduler(seq);
     FinishPrefill(seq, result.status, result.metrics);
   }
+}
+
+void Engine::ProcessHandoffs(const std::vector<uint64_t>& completed) {
+  FinishCompletedHandoffs(completed);
   const Clock::time_point now = Clock::now();
   std::vector<Sequence*> expired;
   for (auto& [serial, seq] : handing_off_) {

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The real coordinator at scale, with simulated-engine worker processes.
+
+    scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
+                           [--rate=1000] [--coordinator_cpus=0]
+                           [--worker_cpus=1] [--client_cpus=1]
+                           [--out=DIR] [--bin=build/bin]
+
+For every worker count W, starts a split cluster of W/2 prefill and W/2
+decode workers that run `baton-worker --engine=simulated` (the real worker
+service, control plane, KV reservations and transfers; steps that compute
+nothing), pinned with the coordinator and the client to the stated CPUs.
+Then for every stream count N, baton-bench sends N requests at --rate per
+second, each a 4-token prompt and 8 tokens of answer (one KV block) whose decode steps
+take 2 s (so every stream stays open until all N are in flight), and this
+reports from the per-request records and /proc:
+
+- the coordinator's added latency: its own time from a request's arrival to
+  its first token (GenerateResult.timings.ttft_ms) minus the prefill
+  worker's own time for it (prefill_ms, which includes the worker's queue):
+  routing, bookkeeping, the RPC hops and forwarding; p50 and p99;
+- errors; the coordinator's CPU seconds per request (from /proc/PID/stat)
+  and its RSS at the end of each point (VmRSS) and peak (VmHWM).
+
+Writes OUT/scale.md and OUT/scale.json. A benchmark, not a test: run it on a
+quiet machine.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Prefill 1 ms, decode steps of 2 s: the workers add almost nothing before
+# the first token and hold every stream open.
+PROFILE = {
+    "name": "scale bench: 1 ms prefill, 2 s decode steps",
+    "source": "scripts/scale_bench.py",
+    "prefill": {"c0": 0.001, "c1": 0.0, "c2": 0.0},
+    "decode": {"c0": 2.0, "c1": 0.0, "c2": 0.0},
+    "transfer": {"alpha_s": 0.0, "bytes_per_s": 1e10},
+    "kv_bytes_per_token": 23040, "kv_blocks": 4096, "block_size": 16,
+    "max_batch_tokens": 4096, "max_num_seqs": 4096,
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workers", default="8,32,64")
+    p.add_argument("--streams", default="1000,5000,10000")
+    p.add_argument("--rate", type=float, default=1000)
+    p.add_argument("--coordinator_cpus", default="0")
+    p.add_argument("--worker_cpus", default="1")
+    p.add_argument("--client_cpus", default="1")
+    p.add_argument("--out", default="")
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.worker_list = [int(x) for x in a.workers.split(",") if x]
+    a.stream_list = sorted(int(x) for x in a.streams.split(",") if x)
+    for w in a.worker_list:
+        if w < 2 or w % 2:
+            p.error(f"--workers: {w} is not an even count >= 2")
+    if not a.out:
+        a.out = time.strftime("scale-%Y%m%d-%H%M%S")
+    a.out = os.path.abspath(a.out)
+    return a
+
+
+def proc_cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def points_of(a, workers):
+    coordinator = int(os.environ["BATON_PIDS"].split()[0])
+    rows = []
+    for n in a.stream_list:
+        name = f"w{workers}-n{n}"
+        cpu0 = proc_cpu_s(coordinator)
+        cmd = [os.path.join(a.bin, "baton-bench"),
+               f"--server={os.environ['BATON_SERVER']}",
+               f"--num_prompts={n}", f"--request_rate={a.rate}",
+               "--random_input_len=4", "--random_output_len=8",
+               f"--cpus={a.client_cpus}", "--request_timeout_s=600",
+               "--save_result", f"--result_dir={a.out}",
+               f"--result_filename={name}.json"]
+        print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        cpu = proc_cpu_s(coordinator) - cpu0
+        with open(os.path.join(a.out, f"{name}.json")) as f:
+            result = json.load(f)
+        ok = [r for r in result["requests"] if r["success"]]
+        added = [r["server"]["ttft_ms"] - r["server"]["prefill_ms"] for r in ok]
+        rows.append({
+            "workers": workers, "streams": n,
+            "completed": len(ok), "errors": n - len(ok),
+            "added_p50_ms": percentile(added, 50),
+            "added_p99_ms": percentile(added, 99),
+            "client_ttft_p50_ms": result["ttft_ms"].get("median"),
+            "coordinator_cpu_ms_per_request": 1e3 * cpu / max(1, n),
+            "coordinator_rss_mib": proc_kib(coordinator, "VmRSS") / 1024,
+            "coordinator_hwm_mib": proc_kib(coordinator, "VmHWM") / 1024,
+            "coordinator_threads": proc_kib(coordinator, "Threads"),
+        })
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    with open(os.path.join(a.out, f"points-w{workers}.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+
+
+def report(a):
+    rows = []
+    for w in a.worker_list:
+        with open(os.path.join(a.out, f"points-w{w}.json")) as f:
+            rows += json.load(f)
+    lines = ["| workers | streams | coordinator added latency p50 / p99 ms | "
+             "errors | coordinator CPU ms per request | coordinator RSS "
+             "MiB (peak) | threads |", "|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['workers']} | {r['streams']:,} | {r['added_p50_ms']:.2f} / "
+            f"{r['added_p99_ms']:.2f} | {r['errors']} | "
+            f"{r['coordinator_cpu_ms_per_request']:.2f} | "
+            f"{r['coordinator_rss_mib']:.0f} ({r['coordinator_hwm_mib']:.0f}) | "
+            f"{r['coordinator_threads']} |")
+    with open(os.path.join(a.out, "scale.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(a.out, "scale.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    print("\n".join(lines))
+
+
+def main(argv):
+    a = parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    if a.points_of:
+        points_of(a, int(a.points_of))
+        return 0
+    profile = os.path.join(a.out, "profile.json")
+    with open(profile, "w") as f:
+        json.dump(PROFILE, f, indent=2)
+    block_mib = 16 * PROFILE["kv_bytes_per_token"] / 2**20
+    for w in a.worker_list:
+        # Every stream's block on one of W/2 decode workers, with room to
+        # spare (the pool is mapped, not touched, beyond what arrives).
+        kv_mib = max(64, int(1.5 * block_mib * max(a.stream_list) / (w // 2)))
+        inner = [sys.executable, os.path.abspath(__file__),
+                 f"--points_of={w}", f"--out={a.out}", f"--bin={a.bin}",
+                 f"--streams={a.streams}", f"--rate={a.rate}",
+                 f"--client_cpus={a.client_cpus}"]
+        cmd = ["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"),
+               f"{w // 2}P{w // 2}D", "--no-build", f"--bin={a.bin}",
+               f"--kv_cache_mib={kv_mib}",
+               f"--coordinator_cpus={a.coordinator_cpus}",
+               f"--worker_cpus={a.worker_cpus}",
+               "--worker_flag=--engine=simulated",
+               "--worker_flag=--max_waiting_requests=100000",
+               "--worker_flag=--max_queued_reservations=100000",
+               f"--worker_flag=--profile={profile}",
+               "--coordinator_flag=--max_waiting_requests=100000",
+               "--coordinator_flag=--max_running_requests=100000", "--"] + inner
+        print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+    report(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
