@@ -2,7 +2,7 @@
 """The real coordinator at scale, with simulated-engine worker processes.
 
     scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
-                           [--rate=1000] [--coordinator_cpus=0]
+                           [--rate=250] [--coordinator_cpus=0]
                            [--worker_cpus=1] [--client_cpus=1]
                            [--out=DIR] [--bin=build/bin]
 
@@ -12,7 +12,8 @@ service, control plane, KV reservations and transfers; steps that compute
 nothing), pinned with the coordinator and the client to the stated CPUs.
 Then for every stream count N, baton-bench sends N requests at --rate per
 second, each a 4-token prompt and 8 tokens of answer (one KV block) whose decode steps
-take 2 s (so every stream stays open until all N are in flight), and this
+take 6 s (so every stream stays open for 48 s: at the default 250 requests
+per second all N are in flight at once up to N = 12,000), and this
 reports from the per-request records and /proc:
 
 - the coordinator's added latency: its own time from a request's arrival to
@@ -35,13 +36,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Prefill 1 ms, decode steps of 2 s: the workers add almost nothing before
-# the first token and hold every stream open.
+# Prefill 1 ms, decode steps of 6 s: the workers add almost nothing before
+# the first token and hold every stream open for 48 s.
 PROFILE = {
-    "name": "scale bench: 1 ms prefill, 2 s decode steps",
+    "name": "scale bench: 1 ms prefill, 6 s decode steps",
     "source": "scripts/scale_bench.py",
     "prefill": {"c0": 0.001, "c1": 0.0, "c2": 0.0},
-    "decode": {"c0": 2.0, "c1": 0.0, "c2": 0.0},
+    "decode": {"c0": 6.0, "c1": 0.0, "c2": 0.0},
     "transfer": {"alpha_s": 0.0, "bytes_per_s": 1e10},
     "kv_bytes_per_token": 23040, "kv_blocks": 4096, "block_size": 16,
     "max_batch_tokens": 4096, "max_num_seqs": 4096,
@@ -52,7 +53,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", default="8,32,64")
     p.add_argument("--streams", default="1000,5000,10000")
-    p.add_argument("--rate", type=float, default=1000)
+    p.add_argument("--rate", type=float, default=250)
     p.add_argument("--coordinator_cpus", default="0")
     p.add_argument("--worker_cpus", default="1")
     p.add_argument("--client_cpus", default="1")
