@@ -13,6 +13,7 @@
 //
 //   build/bin/engine_bench --model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -121,14 +122,18 @@ double PrefillRate(const ModelWeights& w, const Tokenizer& t, int threads,
   return ttft > 0 ? n / ttft : 0;
 }
 
+// A layer's linear matrices.
+std::array<const TensorView*, 7> LinearMatrices(const LayerWeights& l) {
+  return {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down};
+}
+
 // Multiply-accumulates of one token through every layer's linear matrices
 // (not the output projection: a prefill computes logits for its last token
 // only).
 double LinearMacsPerToken(const ModelWeights& w) {
   double macs = 0;
   for (const LayerWeights& l : w.layers()) {
-    for (const TensorView* m :
-         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const TensorView* m : LinearMatrices(l)) {
       macs +=
           static_cast<double>(m->shape[0]) * static_cast<double>(m->shape[1]);
     }
@@ -142,8 +147,7 @@ double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
                     int reps) {
   int64_t widest = 0;
   for (const LayerWeights& l : w.layers()) {
-    for (const TensorView* m :
-         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const TensorView* m : LinearMatrices(l)) {
       widest = std::max({widest, m->shape[0], m->shape[1]});
     }
   }
@@ -158,8 +162,7 @@ double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
   for (int r = 0; r < std::max(2, reps); ++r) {
     const auto start = Clock::now();
     for (const LayerWeights& l : w.layers()) {
-      for (const TensorView* m :
-           {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      for (const TensorView* m : LinearMatrices(l)) {
         if (!MatMul(*m, x.data(), tokens, y.data(), pool, {}).ok()) return 0;
       }
     }

@@ -84,6 +84,13 @@ struct SimResult {
   int64_t evicted_blocks = 0;
 };
 
+// INVALID_ARGUMENT naming the problem: a shape without split or colocated
+// workers, bad admission options, piece_tokens not a multiple of the block
+// size, a request with a length < 1, out of order, or larger than a
+// worker's KV pool. (The policy is checked by Simulate.)
+absl::Status ValidateSimInput(const SimOptions& options,
+                              const std::vector<SimRequest>& requests);
+
 // INVALID_ARGUMENT for a bad shape, policy or request.
 absl::StatusOr<SimResult> Simulate(const SimOptions& options,
                                    const std::vector<SimRequest>& requests);
