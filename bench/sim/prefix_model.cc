@@ -6,6 +6,11 @@
 
 namespace baton::sim {
 
+BlockLru::BlockLru(int64_t max_blocks) {
+  const int64_t n = std::max<int64_t>(0, max_blocks);
+  nodes_.reserve(static_cast<size_t>(n + n / 8));
+}
+
 int64_t BlockLru::Match(std::span<const BlockHash> chain) const {
   int64_t n = 0;
   for (const BlockHash& h : chain) {
@@ -37,8 +42,8 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     auto found = where_.find(*it);
     if (found != where_.end()) {
-      Unlink(found->second);
-      PushBack(found->second);
+      Unlink(*found);
+      PushBack(*found);
       continue;
     }
     uint32_t n;
@@ -51,7 +56,7 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
     }
     nodes_[n].key = *it;
     PushBack(n);
-    where_[*it] = n;
+    where_.insert(n);
     stored->push_back(*it);
   }
   Shrink(capacity, removed);
@@ -61,7 +66,7 @@ void BlockLru::Shrink(int64_t capacity, std::vector<BlockHash>* removed) {
   while (size() > std::max<int64_t>(0, capacity)) {
     const uint32_t n = head_;
     removed->push_back(nodes_[n].key);
-    where_.erase(nodes_[n].key);
+    where_.erase(n);
     Unlink(n);
     free_.push_back(n);
   }
@@ -73,9 +78,9 @@ PrefixModel::PrefixModel(int64_t block_size, int64_t piece_tokens)
               piece_tokens_ % block_size_ == 0);
 }
 
-void PrefixModel::AddWorker(const std::string& id) {
+void PrefixModel::AddWorker(const std::string& id, int64_t kv_blocks) {
   ids_.push_back(id);
-  lru_.emplace_back();
+  lru_.emplace_back(kv_blocks);
 }
 
 std::vector<BlockHash> PrefixModel::Chain(std::span<const int64_t> piece_ids,

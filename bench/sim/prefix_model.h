@@ -18,11 +18,13 @@
 #define BATON_BENCH_SIM_PREFIX_MODEL_H_
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "coordinator/prefix_index.h"
 #include "coordinator/routing_policy.h"
 #include "worker/kv_cache/prefix_hash.h"
@@ -30,11 +32,19 @@
 namespace baton::sim {
 
 // One worker's cached blocks, least recently used first: a doubly linked
-// list threaded through one vector (24 bytes a block) and a map from key to
-// node, so a simulation of hundreds of workers holding millions of blocks
-// stays small.
+// list threaded through one vector (24 bytes a block) and a hash set of
+// node indices that hashes and compares the nodes' keys (5 bytes a slot),
+// so a simulation of hundreds of workers holding millions of blocks stays
+// small. Not movable: the set's hasher points at the nodes.
 class BlockLru {
  public:
+  // `max_blocks`: the most it keeps (its worker's KV blocks). The nodes are
+  // reserved at once, with an eighth more for a prompt stored before the
+  // evictions that make room for it, so they never double in a regrowth.
+  explicit BlockLru(int64_t max_blocks = 0);
+  BlockLru(const BlockLru&) = delete;
+  BlockLru& operator=(const BlockLru&) = delete;
+
   // How many leading blocks of `chain` are held.
   int64_t Match(std::span<const BlockHash> chain) const;
   // Stores (or refreshes) `chain`, leaf first, then evicts down to
@@ -52,6 +62,23 @@ class BlockLru {
     uint32_t prev = kNone;  // towards the least recently used
     uint32_t next = kNone;
   };
+  // A node index stands for its key (heterogeneous lookup by BlockHash).
+  struct KeyHash {
+    using is_transparent = void;
+    const std::vector<Node>* nodes;
+    size_t operator()(const BlockHash& k) const { return absl::HashOf(k); }
+    size_t operator()(uint32_t n) const { return (*this)((*nodes)[n].key); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    const std::vector<Node>* nodes;
+    const BlockHash& Key(const BlockHash& k) const { return k; }
+    const BlockHash& Key(uint32_t n) const { return (*nodes)[n].key; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Key(a) == Key(b);
+    }
+  };
   void Unlink(uint32_t n);
   void PushBack(uint32_t n);  // most recently used
 
@@ -59,15 +86,17 @@ class BlockLru {
   std::vector<uint32_t> free_;
   uint32_t head_ = kNone;  // least recently used
   uint32_t tail_ = kNone;
-  absl::flat_hash_map<BlockHash, uint32_t> where_;
+  absl::flat_hash_set<uint32_t, KeyHash, KeyEq> where_{0, KeyHash{&nodes_},
+                                                       KeyEq{&nodes_}};
 };
 
 class PrefixModel {
  public:
   PrefixModel(int64_t block_size, int64_t piece_tokens);
 
-  // Adds a worker (its index is the order of calls) under its routing id.
-  void AddWorker(const std::string& id);
+  // Adds a worker (its index is the order of calls) under its routing id,
+  // with room for at most `kv_blocks` cached blocks.
+  void AddWorker(const std::string& id, int64_t kv_blocks);
   // Full-block keys of a prompt of `input_len` tokens whose pieces have
   // `piece_ids`; empty without ids.
   std::vector<BlockHash> Chain(std::span<const int64_t> piece_ids,
@@ -93,7 +122,7 @@ class PrefixModel {
   int64_t block_size_;
   int64_t piece_tokens_;
   coordinator::PrefixIndex index_;
-  std::vector<BlockLru> lru_;
+  std::deque<BlockLru> lru_;  // a deque: adding one moves none
   std::vector<std::string> ids_;
   int64_t evictions_ = 0;
 };

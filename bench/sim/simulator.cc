@@ -129,7 +129,7 @@ class Simulation {
       info.load.kv_blocks_total = p_.kv_blocks;
       info.load.kv_blocks_free = p_.kv_blocks;
       by_id_[info.ref.id] = static_cast<int>(workers_.size());
-      prefix_.AddWorker(info.ref.id);
+      prefix_.AddWorker(info.ref.id, p_.kv_blocks);
       Worker& w = workers_.emplace_back();
       w.role = role;
       w.free_blocks = p_.kv_blocks;
