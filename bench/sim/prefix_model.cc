@@ -14,7 +14,7 @@ BlockLru::BlockLru(int64_t max_blocks) {
 int64_t BlockLru::Match(std::span<const BlockHash> chain) const {
   int64_t n = 0;
   for (const BlockHash& h : chain) {
-    if (!where_.contains(h)) break;
+    if (!where_.contains(Pack(h))) break;
     ++n;
   }
   return n;
@@ -40,7 +40,8 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
                      std::vector<BlockHash>* removed) {
   // Leaf first, so block 0 ends most recently used and is evicted last.
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    auto found = where_.find(*it);
+    const uint64_t key = Pack(*it);
+    auto found = where_.find(key);
     if (found != where_.end()) {
       Unlink(*found);
       PushBack(*found);
@@ -54,7 +55,7 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
       n = static_cast<uint32_t>(nodes_.size());
       nodes_.emplace_back();
     }
-    nodes_[n].key = *it;
+    nodes_[n].key = key;
     PushBack(n);
     where_.insert(n);
     stored->push_back(*it);
@@ -65,7 +66,7 @@ void BlockLru::Store(std::span<const BlockHash> chain, int64_t capacity,
 void BlockLru::Shrink(int64_t capacity, std::vector<BlockHash>* removed) {
   while (size() > std::max<int64_t>(0, capacity)) {
     const uint32_t n = head_;
-    removed->push_back(nodes_[n].key);
+    removed->push_back(Unpack(nodes_[n].key));
     where_.erase(n);
     Unlink(n);
     free_.push_back(n);
@@ -75,7 +76,8 @@ void BlockLru::Shrink(int64_t capacity, std::vector<BlockHash>* removed) {
 PrefixModel::PrefixModel(int64_t block_size, int64_t piece_tokens)
     : block_size_(block_size), piece_tokens_(piece_tokens) {
   BATON_CHECK(block_size_ > 0 && piece_tokens_ > 0 &&
-              piece_tokens_ % block_size_ == 0);
+              piece_tokens_ % block_size_ == 0 &&
+              piece_tokens_ / block_size_ <= kMaxBlocksPerPiece);
 }
 
 void PrefixModel::AddWorker(const std::string& id, int64_t kv_blocks) {
@@ -90,6 +92,7 @@ std::vector<BlockHash> PrefixModel::Chain(std::span<const int64_t> piece_ids,
   for (int64_t j = 0; (j + 1) * block_size_ <= input_len; ++j) {
     const auto piece = static_cast<size_t>(j / per_piece);
     if (piece >= piece_ids.size()) break;
+    BATON_CHECK(piece_ids[piece] >= 0 && piece_ids[piece] <= kMaxPieceId);
     chain.push_back({static_cast<uint64_t>(piece_ids[piece]),
                      static_cast<uint64_t>(j % per_piece) + 1});
   }

@@ -31,11 +31,18 @@
 
 namespace baton::sim {
 
+// The largest piece id and blocks per piece a chain may have: a block's
+// key (piece id, 1-based index in its piece) packs into 64 bits in BlockLru.
+inline constexpr int64_t kMaxPieceId = (int64_t{1} << 48) - 1;
+inline constexpr int64_t kMaxBlocksPerPiece = (int64_t{1} << 16) - 1;
+
 // One worker's cached blocks, least recently used first: a doubly linked
-// list threaded through one vector (24 bytes a block) and a hash set of
-// node indices that hashes and compares the nodes' keys (5 bytes a slot),
-// so a simulation of hundreds of workers holding millions of blocks stays
-// small. Not movable: the set's hasher points at the nodes.
+// list threaded through one vector (16 bytes a block: the key packed into
+// 64 bits) and a hash set of node indices that hashes and compares the
+// nodes' keys (5 bytes a slot), so a simulation of hundreds of workers
+// holding millions of blocks stays small. Keys are chains of Chain()
+// below (hi <= kMaxPieceId, lo <= kMaxBlocksPerPiece). Not movable: the
+// set's hasher points at the nodes.
 class BlockLru {
  public:
   // `max_blocks`: the most it keeps (its worker's KV blocks). The nodes are
@@ -57,8 +64,10 @@ class BlockLru {
 
  private:
   static constexpr uint32_t kNone = ~uint32_t{0};
+  static uint64_t Pack(const BlockHash& h) { return h.hi << 16 | h.lo; }
+  static BlockHash Unpack(uint64_t k) { return {k >> 16, k & 0xffff}; }
   struct Node {
-    BlockHash key;
+    uint64_t key;
     uint32_t prev = kNone;  // towards the least recently used
     uint32_t next = kNone;
   };
@@ -66,14 +75,14 @@ class BlockLru {
   struct KeyHash {
     using is_transparent = void;
     const std::vector<Node>* nodes;
-    size_t operator()(const BlockHash& k) const { return absl::HashOf(k); }
+    size_t operator()(uint64_t k) const { return absl::HashOf(k); }
     size_t operator()(uint32_t n) const { return (*this)((*nodes)[n].key); }
   };
   struct KeyEq {
     using is_transparent = void;
     const std::vector<Node>* nodes;
-    const BlockHash& Key(const BlockHash& k) const { return k; }
-    const BlockHash& Key(uint32_t n) const { return (*nodes)[n].key; }
+    uint64_t Key(uint64_t k) const { return k; }
+    uint64_t Key(uint32_t n) const { return (*nodes)[n].key; }
     template <typename A, typename B>
     bool operator()(const A& a, const B& b) const {
       return Key(a) == Key(b);

@@ -3,6 +3,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/sim/prefix_model.h"
 #include "bench/sim/simulator.h"
 
 namespace baton::sim {
@@ -59,11 +60,13 @@ absl::Status ValidateSimInput(const SimOptions& options,
     return s;
   }
   if (options.piece_tokens <= 0 ||
-      options.piece_tokens % options.profile.block_size != 0) {
+      options.piece_tokens % options.profile.block_size != 0 ||
+      options.piece_tokens / options.profile.block_size > kMaxBlocksPerPiece) {
     return absl::InvalidArgumentError(
         absl::StrCat("piece_tokens ", options.piece_tokens,
                      " must be a positive multiple of the block size (",
-                     options.profile.block_size, ")"));
+                     options.profile.block_size, "), at most ",
+                     kMaxBlocksPerPiece, " blocks"));
   }
   const int64_t largest =
       options.profile.kv_blocks * options.profile.block_size;
@@ -78,6 +81,13 @@ absl::Status ValidateSimInput(const SimOptions& options,
       return absl::InvalidArgumentError(absl::StrCat(
           "request ", i, ": ", r.input_len, " + ", r.output_len,
           " tokens exceed a worker's KV pool (", largest, " tokens)"));
+    }
+    for (const int64_t id : r.piece_ids) {
+      if (id < 0 || id > kMaxPieceId) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request ", i, ": piece (hash) id ", id,
+                         " is outside [0, ", kMaxPieceId, "]"));
+      }
     }
     previous = r.arrival_s;
   }

@@ -49,6 +49,9 @@ struct Request {
   double last_token = 0;
   std::vector<BlockHash> chain;  // full prompt blocks, while in flight
   int64_t transfer_tokens = 0;   // those its decode worker lacks
+  // Gaps between tokens, ms: kept in floats while the caches fill memory,
+  // moved into the record's doubles once they are gone.
+  std::vector<float> itl_ms;
 };
 
 enum class EventType { kArrival, kStepDone, kKvLanded };
@@ -70,7 +73,8 @@ class Simulation {
       : options_(options),
         p_(options.profile),
         policy_(std::move(policy)),
-        prefix_(options.profile.block_size, options.piece_tokens) {
+        prefix_(std::make_unique<PrefixModel>(options.profile.block_size,
+                                              options.piece_tokens)) {
     requests_.resize(in.size());
     result_.records.resize(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
@@ -111,7 +115,13 @@ class Simulation {
       }
     }
     result_.end_s = now_;
-    result_.evicted_blocks = prefix_.evictions();
+    result_.evicted_blocks = prefix_->evictions();
+    prefix_.reset();
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      std::vector<float>& gaps = requests_[i].itl_ms;
+      result_.records[i].itl_ms.assign(gaps.begin(), gaps.end());
+      std::vector<float>().swap(gaps);
+    }
     return std::move(result_);
   }
 
@@ -129,7 +139,7 @@ class Simulation {
       info.load.kv_blocks_total = p_.kv_blocks;
       info.load.kv_blocks_free = p_.kv_blocks;
       by_id_[info.ref.id] = static_cast<int>(workers_.size());
-      prefix_.AddWorker(info.ref.id, p_.kv_blocks);
+      prefix_->AddWorker(info.ref.id, p_.kv_blocks);
       Worker& w = workers_.emplace_back();
       w.role = role;
       w.free_blocks = p_.kv_blocks;
@@ -176,7 +186,7 @@ class Simulation {
   // Info(r) with what the PrefixIndex knows of `pool`'s caches.
   RequestInfo RoutingInfo(int r, const Candidates& pool) const {
     RequestInfo info = Info(r);
-    prefix_.Fill(requests_[static_cast<size_t>(r)].chain, pool, &info);
+    prefix_->Fill(requests_[static_cast<size_t>(r)].chain, pool, &info);
     return info;
   }
 
@@ -204,7 +214,7 @@ class Simulation {
     ++waiting_;
     Request& req = requests_[static_cast<size_t>(r)];
     if (options_.prefix_cache) {
-      req.chain = prefix_.Chain(req.in.piece_ids, req.in.input_len);
+      req.chain = prefix_->Chain(req.in.piece_ids, req.in.input_len);
     }
     if (options_.prefill == 0) return SendToPrefill(r, &both_pool_);
     const int decode = WorkerOf(
@@ -232,7 +242,7 @@ class Simulation {
     worker.free_blocks -= req.blocks;
     BATON_CHECK(worker.free_blocks >= 0);
     // The transfer carries only the blocks this worker's cache lacks.
-    const int64_t held = prefix_.Use(w, req.chain, worker.free_blocks);
+    const int64_t held = prefix_->Use(w, req.chain, worker.free_blocks);
     req.transfer_tokens = req.in.input_len - held * p_.block_size;
     Sync(w);
   }
@@ -258,7 +268,7 @@ class Simulation {
     worker.free_blocks += req.blocks;
     req.blocks = 0;
     // Its prompt blocks stay cached in the space it frees.
-    prefix_.Store(w, req.chain, worker.free_blocks);
+    prefix_->Store(w, req.chain, worker.free_blocks);
     req.chain.clear();
     req.chain.shrink_to_fit();
     while (!worker.line.empty()) {
@@ -281,9 +291,12 @@ class Simulation {
     ++rec.output_tokens;
     if (req.generated == 1) {
       rec.ttft_ms = 1e3 * (now_ - req.in.arrival_s);
+      // Exactly one gap per later token, no room left over from regrowth.
+      req.itl_ms.reserve(
+          static_cast<size_t>(std::max<int64_t>(0, req.in.output_len - 1)));
       --waiting_;
     } else {
-      rec.itl_ms.push_back(1e3 * (now_ - req.last_token));
+      req.itl_ms.push_back(static_cast<float>(1e3 * (now_ - req.last_token)));
     }
     req.last_token = now_;
   }
@@ -339,7 +352,7 @@ class Simulation {
       const int64_t capacity =
           worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
       const int64_t cached =
-          std::min(prefix_.Use(w, req.chain, capacity) * p_.block_size,
+          std::min(prefix_->Use(w, req.chain, capacity) * p_.block_size,
                    req.in.input_len - 1);
       result_.records[static_cast<size_t>(r)].cached_tokens =
           static_cast<int>(cached);
@@ -394,7 +407,7 @@ class Simulation {
       // A prefill worker keeps the prompt's blocks cached; a colocated one
       // holds them for the request and caches them when it ends (Free).
       if (worker.role == WorkerRole::kPrefill) {
-        prefix_.Store(w, req.chain, p_.kv_blocks);
+        prefix_->Store(w, req.chain, p_.kv_blocks);
       }
       Token(r);
       if (Done(r)) {
@@ -423,7 +436,7 @@ class Simulation {
   const SimOptions& options_;
   const WorkerProfile& p_;
   std::unique_ptr<coordinator::RoutingPolicy> policy_;
-  PrefixModel prefix_;
+  std::unique_ptr<PrefixModel> prefix_;
   std::vector<Request> requests_;
   std::deque<Worker> workers_;  // PrefillRate does not move
   absl::flat_hash_map<std::string, int> by_id_;

@@ -175,6 +175,16 @@ TEST(SimulatorTest, RejectsBadShapesAndRequests) {
               HasSubstr("ascending"));
   EXPECT_THAT(Simulate(options, {{0, 1 << 20, 1 << 20}}).status().message(),
               HasSubstr("KV pool"));
+  SimRequest big_id(0, 32, 4);
+  big_id.piece_ids = {int64_t{1} << 48};
+  EXPECT_THAT(Simulate(options, {big_id}).status().message(),
+              HasSubstr("piece (hash) id 281474976710656 is outside"));
+  big_id.piece_ids = {-1};
+  EXPECT_THAT(Simulate(options, {big_id}).status().message(),
+              HasSubstr("piece (hash) id -1"));
+  options.piece_tokens = 16 * 65536;
+  EXPECT_THAT(Simulate(options, {{0, 4, 1}}).status().message(),
+              HasSubstr("at most 65535 blocks"));
 }
 
 TEST(ProfileTest, ParsesAndNamesTheBadField) {
