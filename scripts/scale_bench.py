@@ -2,7 +2,7 @@
 """The real coordinator at scale, with simulated-engine worker processes.
 
     scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
-                           [--rate=250] [--coordinator_cpus=0]
+                           [--rate=250] [--warmup=200] [--coordinator_cpus=0]
                            [--worker_cpus=1] [--client_cpus=1]
                            [--out=DIR] [--bin=build/bin]
 
@@ -10,7 +10,9 @@ For every worker count W, starts a split cluster of W/2 prefill and W/2
 decode workers that run `baton-worker --engine=simulated` (the real worker
 service, control plane, KV reservations and transfers; steps that compute
 nothing), pinned with the coordinator and the client to the stated CPUs.
-Then for every stream count N, baton-bench sends N requests at --rate per
+After --warmup short requests that are not measured (so every channel
+from the coordinator to a worker is connected and the processes settled),
+for every stream count N, baton-bench sends N requests at --rate per
 second, each a 4-token prompt and 8 tokens of answer (one KV block) whose decode steps
 take 6 s (so every stream stays open for 48 s: at the default 250 requests
 per second all N are in flight at once up to N = 12,000), and this
@@ -57,6 +59,9 @@ def parse_args(argv):
     p.add_argument("--coordinator_cpus", default="0")
     p.add_argument("--worker_cpus", default="1")
     p.add_argument("--client_cpus", default="1")
+    p.add_argument("--warmup", type=int, default=200,
+                   help="short requests sent before the points, unmeasured "
+                        "(at least 4 per worker; 0: none)")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
@@ -96,8 +101,24 @@ def percentile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def warm_up(a, workers):
+    """Sends a.warmup short requests first (not measured): every
+    coordinator-to-worker channel connects and the processes settle."""
+    if a.warmup <= 0:
+        return
+    cmd = [os.path.join(a.bin, "baton-bench"),
+           f"--server={os.environ['BATON_SERVER']}",
+           f"--num_prompts={max(a.warmup, 4 * workers)}",
+           f"--request_rate={a.rate}", "--random_input_len=4",
+           "--random_output_len=2", f"--cpus={a.client_cpus}",
+           "--request_timeout_s=600"]
+    print("+ warm-up: " + " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+
+
 def points_of(a, workers):
     coordinator = int(os.environ["BATON_PIDS"].split()[0])
+    warm_up(a, workers)
     rows = []
     for n in a.stream_list:
         name = f"w{workers}-n{n}"
@@ -171,7 +192,7 @@ def main(argv):
         inner = [sys.executable, os.path.abspath(__file__),
                  f"--points_of={w}", f"--out={a.out}", f"--bin={a.bin}",
                  f"--streams={a.streams}", f"--rate={a.rate}",
-                 f"--client_cpus={a.client_cpus}"]
+                 f"--client_cpus={a.client_cpus}", f"--warmup={a.warmup}"]
         cmd = ["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"),
                f"{w // 2}P{w // 2}D", "--no-build", f"--bin={a.bin}",
                f"--kv_cache_mib={kv_mib}",
