@@ -16,18 +16,15 @@ trap 'rm -rf "$OUT"' EXIT
 fail() { echo "fidelity_test: FAIL: $*" >&2; exit 1; }
 FIDELITY=("$PYTHON" "$ROOT/scripts/fidelity.py" --bin="$BIN")
 
-expect_usage_error() {
-  local want="$1"; shift
-  local err
-  err="$("${FIDELITY[@]}" --out="$OUT/bad" "$@" 2>&1 >/dev/null)"
-  local status=$?
-  [[ $status -eq 2 ]] || fail "'$*' exited $status, want 2"
-  grep -q -- "$want" <<<"$err" || fail "'$*' said '$err', want '$want'"
-  [[ ! -e "$OUT/bad/profile.json" ]] || fail "'$*' started a cluster"
+# shellcheck source=scripts/test_lib.sh
+source "$ROOT/scripts/test_lib.sh"
+bad() {  # want, options...
+  expect_usage_error "$1" "$OUT/bad/profile.json" -- \
+    "${FIDELITY[@]}" --out="$OUT/bad" "${@:2}"
 }
-expect_usage_error "is not a fraction of capacity" --loads=1.5
-expect_usage_error "'p99' is not one of" --check=p99
-expect_usage_error "must be positive" --num_prompts=0
+bad "is not a fraction of capacity" --loads=1.5
+bad "'p99' is not one of" --check=p99
+bad "must be positive" --num_prompts=0
 echo "fidelity_test: bad options rejected" >&2
 
 "${FIDELITY[@]}" --quick_profile --shapes=1P1D --loads=0.5 --seeds=0 \

@@ -22,7 +22,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 BUNDLE="$ROOT/gpu-bundle"
 STASH=/tmp/baton-gpu
 # Test binaries (path under the build dir) and the benchmarks.
@@ -69,7 +69,7 @@ pack() {
   cp scripts/gpu_check.sh "$BUNDLE/"
   # Compressed, the binaries and libraries leave room for the model's second
   # part in the same call.
-  tar -C "$BUNDLE" -czf "$BUNDLE/bundle.tgz" bin lib && rm -rf "$BUNDLE/bin" "$BUNDLE/lib"
+  tar -C "$BUNDLE" -czf "$BUNDLE/bundle.tgz" bin lib && rm -rf "${BUNDLE:?}/bin" "${BUNDLE:?}/lib"
   local model="${BATON_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
   if [[ -f "$model" ]]; then
     # 56 MiB + the ~6 MB tree fits one call; the rest rides with the bundle.
@@ -115,6 +115,7 @@ cluster_smoke() {  # out loader libpath model
   for dev in cpu cuda:0; do
     local tag="cluster-${dev/:/}"
     echo "== 1P1D cluster, --device=$dev"
+    # shellcheck disable=SC2016  # $0, $1 and $BATON_SERVER: sh -c's own
     timeout "$CLUSTER_TIMEOUT_S" "$ROOT/scripts/local_cluster.sh" 1P1D --no-build --bin="$wrap" \
       --device="$dev" --model="$model" --logs="$out/$tag" -- sh -c \
       '"$0" generate --server="$BATON_SERVER" --prompt="$1" --max_tokens=24' \
@@ -147,7 +148,8 @@ run_all() {
   [[ -f "$model" ]] && export BATON_DEFAULT_MODEL="$model"
   export BATON_SOURCE_DIR="$ROOT"
   local loader="$BUNDLE/lib/ld-linux-x86-64.so.2"
-  local libpath="$BUNDLE/lib:$(cuda_lib_path)"
+  local libpath
+  libpath="$BUNDLE/lib:$(cuda_lib_path)"
   # The probe runs through the carried loader too.
   printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$loader" \
     "$libpath" "$BUNDLE/bin/cuda_ipc_kv_probe" >"$STASH/probe.sh"

@@ -74,8 +74,10 @@ IFS=, read -r -a RATE_LIST <<<"$RATES"
 [[ ${#RATE_LIST[@]} -gt 0 ]] || die "--rates is empty"
 for rate in "${RATE_LIST[@]}"; do
   [[ "$rate" == inf ]] && continue
-  [[ "$rate" =~ ^[0-9]*\.?[0-9]+$ ]] && awk "BEGIN { exit !($rate > 0) }" ||
+  if ! [[ "$rate" =~ ^[0-9]*\.?[0-9]+$ ]] ||
+    ! awk "BEGIN { exit !($rate > 0) }"; then
     die "--rates: '$rate' is not a positive number or inf"
+  fi
 done
 IFS=, read -r -a SHAPE_LIST <<<"$SHAPES"
 [[ ${#SHAPE_LIST[@]} -gt 0 ]] || die "--shapes is empty"
@@ -83,7 +85,7 @@ declare -A THREADS_OF
 for shape in "${SHAPE_LIST[@]}"; do
   [[ "$shape" =~ ^([0-9]+[PDC])+$ ]] || die "shape '$shape' is not like 2C, 1P1D, 2P1D"
   workers=0
-  for count in $(grep -o '[0-9]\+' <<<"$shape"); do workers=$((workers + count)); done
+  while read -r count; do workers=$((workers + count)); done < <(grep -o '[0-9]\+' <<<"$shape")
   ((workers > 0 && TOTAL_THREADS % workers == 0)) ||
     die "shape '$shape' has $workers workers; --total_threads=$TOTAL_THREADS does not split evenly"
   THREADS_OF[$shape]=$((TOTAL_THREADS / workers))

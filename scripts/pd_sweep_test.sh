@@ -13,20 +13,16 @@ fail() { echo "pd_sweep_test: FAIL: $*" >&2; exit 1; }
 SWEEP=(bash "$ROOT/scripts/pd_sweep.sh" --no-build --bin="$BIN")
 
 # Bad input: exit 2 with a message naming the problem, no cluster started.
-expect_usage_error() {
-  local want="$1"; shift
-  local err
-  err="$("${SWEEP[@]}" --out="$OUT/bad" "$@" 2>&1 >/dev/null)"
-  local status=$?
-  [[ $status -eq 2 ]] || fail "'$*' exited $status, want 2"
-  grep -q -- "$want" <<<"$err" || fail "'$*' said '$err', want '$want'"
-  [[ ! -d "$OUT/bad/raw" ]] || fail "'$*' started a sweep"
+# shellcheck source=scripts/test_lib.sh
+source "$ROOT/scripts/test_lib.sh"
+bad() {  # want, options...
+  expect_usage_error "$1" "$OUT/bad/raw" -- "${SWEEP[@]}" --out="$OUT/bad" "${@:2}"
 }
-expect_usage_error "'0' is not a positive number" --rates=1,0
-expect_usage_error "'-1' is not a positive number" --rates=-1
-expect_usage_error "does not split evenly" --shapes=2C --total_threads=3
-expect_usage_error "is not like 2C" --shapes=2X
-expect_usage_error "unknown option" --nonsense=1
+bad "'0' is not a positive number" --rates=1,0
+bad "'-1' is not a positive number" --rates=-1
+bad "does not split evenly" --shapes=2C --total_threads=3
+bad "is not like 2C" --shapes=2X
+bad "unknown option" --nonsense=1
 echo "pd_sweep_test: bad options rejected" >&2
 
 # A small sweep: 2 shapes x 2 rates, 4 short requests per point.
