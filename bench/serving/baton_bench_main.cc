@@ -100,6 +100,9 @@ ABSL_FLAG(bool, progress, false,
 ABSL_FLAG(std::string, profile, "",
           "plan: the workers' cost profile (JSON; baton-bench profile)");
 ABSL_FLAG(int32_t, workers, 2, "plan: the worker budget to split");
+ABSL_FLAG(std::string, plan_json, "",
+          "plan: also write every shape's predicted figures to this JSON "
+          "file");
 ABSL_FLAG(std::string, trace, "",
           "plan: a CSV trace instead of random arrivals (bench/sim/"
           "workload.h)");
@@ -217,6 +220,30 @@ int Plan(const std::string& slo_spec) {
   std::cout << "workload: " << options.requests.size()
             << " requests; profile: " << profile->name << "\n"
             << baton::sim::FormatPlan(*plan, *slo);
+  if (const std::string out = absl::GetFlag(FLAGS_plan_json); !out.empty()) {
+    auto rows = [](const std::vector<baton::sim::PlanRow>& in) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const baton::sim::PlanRow& r : in) {
+        list.push_back({{"shape", r.shape},
+                        {"goodput", r.goodput},
+                        {"slo_attainment", r.attainment},
+                        {"request_throughput", r.throughput},
+                        {"ttft_p90_ms", r.ttft_p90_ms},
+                        {"tpot_p90_ms", r.tpot_p90_ms}});
+      }
+      return list;
+    };
+    const nlohmann::json json = {
+        {"recommended", plan->rows.empty() ? "" : plan->rows[0].shape},
+        {"profile", profile->name},
+        {"requests", options.requests.size()},
+        {"shapes", rows(plan->rows)},
+        {"at_80_percent", rows(plan->at_80_percent)},
+        {"at_120_percent", rows(plan->at_120_percent)}};
+    if (absl::Status s = baton::bench::WriteJsonFile(json, out); !s.ok()) {
+      return Fail(s);
+    }
+  }
   return 0;
 }
 
