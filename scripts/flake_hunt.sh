@@ -9,9 +9,11 @@
 #                       longer tests run max(1, N/4) rounds (5 of 20)
 #     --build=DIR       the build tree to test (default build; e.g.
 #                       build-address, build-thread)
-#     --slow=MODE       none (default); hog: two busy loops keep both cores
-#                       busy; quota: the tests run in a cgroup limited to
-#                       half the machine's CPU time (cgroup v1 or v2)
+#     --slow=MODE       none (default); hog: one busy loop pinned to each
+#                       core keeps every core busy (a steady slowdown: a
+#                       process pinned to a core gets half of it); quota:
+#                       the tests run in a cgroup limited to half the
+#                       machine's CPU time (cgroup v1 or v2)
 #     --regex=RE        only tests whose names match RE
 #     --exclude=RE      leave out tests whose names match RE
 #
@@ -68,8 +70,8 @@ RUNNER=()
 HOGS=()
 case "$SLOW" in
   hog)
-    for _ in $(seq "$(nproc)"); do
-      ( while :; do :; done ) &
+    for cpu in $(seq 0 $(( $(nproc) - 1 ))); do
+      taskset -c "$cpu" bash -c 'while :; do :; done' &
       HOGS+=("$!")
     done
     ;;
