@@ -9,10 +9,7 @@
                         [--check=all|saturation,goodput,ttft_p90,tpot_p90]
 
 1. Without --profile, measures one: `baton-bench profile` on a 1P1D cluster
-   of one-thread workers (OUT/profile.json). Every cluster here pins worker
-   i to CPU i mod the CPU count (local_cluster.sh --worker_cpus=each), so a
-   worker gets the same share of a CPU when it is profiled alone as when
-   both run at once, also when other processes keep the machine busy.
+   of one-thread workers (OUT/profile.json).
 2. For every shape, starts a real cluster (scripts/local_cluster.sh, one
    thread per worker) and measures its capacity: --saturation_prompts
    requests sent at once; capacity = completed requests / seconds from the
@@ -258,8 +255,7 @@ def measure_profile(a):
     if a.quick_profile:
         cmd += " --profile_quick"
     run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), "1P1D",
-         "--no-build", f"--bin={a.bin}", "--worker_cpus=each", "--", "bash",
-         "-c", cmd])
+         "--no-build", f"--bin={a.bin}", "--", "bash", "-c", cmd])
 
 
 def main(argv):
@@ -281,8 +277,7 @@ def main(argv):
                          "loads", "seeds", "num_prompts", "saturation_prompts",
                          "input_len", "output_len", "range_ratio", "goodput")]
         run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), shape,
-             "--no-build", f"--bin={a.bin}", "--worker_cpus=each", "--"]
-            + inner)
+             "--no-build", f"--bin={a.bin}", "--"] + inner)
     missed = [m for m in report(a)
               if m.split()[-1] in a.check_list]
     if missed:
