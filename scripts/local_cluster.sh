@@ -27,8 +27,7 @@
 #                      --worker_flag=--prefix_cache=off
 #   --coordinator_flag=F  pass F to the coordinator (repeatable)
 #   --coordinator_cpus=LIST, --worker_cpus=LIST  pin the coordinator, every
-#                      worker, to these CPUs (taskset -c LIST);
-#                      --worker_cpus=each pins worker i to CPU i mod nproc
+#                      worker, to these CPUs (taskset -c LIST)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
 # BATON_SERVER=HOST:PORT, BATON_PIDS (the coordinator's process id, then
 # the workers'), and BATON_HTTP with --http_port, in its
@@ -43,7 +42,7 @@ SHAPE="$1"; shift
 PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=() EXTRA_WORKER_FLAGS=() EXTRA_COORDINATOR_FLAGS=()
-COORDINATOR_PIN=() WORKER_PIN=() PIN_EACH=0
+COORDINATOR_PIN=() WORKER_PIN=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --port=*) PORT="${1#*=}" ;;
@@ -60,7 +59,6 @@ while [[ $# -gt 0 ]]; do
     --worker_flag=*) EXTRA_WORKER_FLAGS+=("${1#*=}") ;;
     --coordinator_flag=*) EXTRA_COORDINATOR_FLAGS+=("${1#*=}") ;;
     --coordinator_cpus=*) COORDINATOR_PIN=(taskset -c "${1#*=}") ;;
-    --worker_cpus=each) PIN_EACH=1 ;;
     --worker_cpus=*) WORKER_PIN=(taskset -c "${1#*=}") ;;
     --) shift; COMMAND=("$@"); break ;;
     -h|--help) usage ;;
@@ -152,7 +150,6 @@ if [[ "$DEVICE" =~ ^cuda:([0-9]+(,[0-9]+)+)$ ]]; then
   for n in "${ordinals[@]}"; do DEVICES+=("cuda:$n"); done
 fi
 for i in "${!ROLES[@]}"; do
-  if (( PIN_EACH )); then WORKER_PIN=(taskset -c "$(( i % $(nproc) ))"); fi
   "${WORKER_PIN[@]}" "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
     --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \

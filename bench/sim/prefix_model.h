@@ -71,7 +71,7 @@ class BlockLru {
     uint32_t prev = kNone;  // towards the least recently used
     uint32_t next = kNone;
   };
-  // A node index stands for its key (heterogeneous lookup by BlockHash).
+  // A node index stands for its packed key (heterogeneous lookup by key).
   struct KeyHash {
     using is_transparent = void;
     const std::vector<Node>* nodes;
