@@ -5,7 +5,8 @@
                         [--num_prompts=60] [--saturation_prompts=40]
                         [--input_len=256] [--output_len=64] [--range_ratio=0.5]
                         [--goodput="ttft:2000 tpot:40"] [--profile=FILE]
-                        [--quick_profile] [--out=DIR] [--bin=build/bin]
+                        [--quick_profile] [--profile_max_error=0.10]
+                        [--out=DIR] [--bin=build/bin]
                         [--check=all|saturation,goodput,ttft_p90,tpot_p90]
 
 1. Without --profile, measures one: `baton-bench profile` on a 1P1D cluster
@@ -25,9 +26,12 @@
    +-20%, or the spread + 10% where that is wider; saturation throughput
    within 5%.
 
---check exits 1 when one of the named bounds is missed (the small ctest case
-checks saturation and goodput; P90s of a dozen requests are too few to judge).
-Measure on a quiet machine: the clusters use every core.
+--check exits 1 when one of the named bounds is missed. The bounds are
+timing goals, for a quiet machine (the clusters use every core): the small
+ctest case (scripts/fidelity_test.sh) checks none of them: it checks that
+the pipeline runs, that baton-sim replayed exactly what was sent, and that
+the simulated saturation is within a factor of 3 of the measured one (a
+unit or model error, not a fidelity bound).
 """
 
 import argparse
@@ -55,6 +59,9 @@ def parse_args(argv):
     p.add_argument("--profile", default="")
     p.add_argument("--quick_profile", action="store_true",
                    help="fewer profiling points (about 30 s)")
+    p.add_argument("--profile_max_error", type=float, default=0.10,
+                   help="baton-bench profile's limit on a fit's held-out "
+                   "error")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--check", default="")
@@ -72,6 +79,8 @@ def parse_args(argv):
     for load in a.load_list:
         if not 0 < load < 1:
             p.error(f"--loads: {load} is not a fraction of capacity in (0, 1)")
+    if not a.profile_max_error > 0:
+        p.error("--profile_max_error must be a positive fraction")
     if a.num_prompts < 1 or a.saturation_prompts < 1:
         p.error("--num_prompts and --saturation_prompts must be positive")
     if not a.out:
@@ -251,7 +260,8 @@ def measure_profile(a):
     a.profile = os.path.join(a.out, "profile.json")
     cmd = (f"{a.bin}/baton-bench profile --server=$BATON_SERVER "
            f"--profile_out={a.profile} --profile_name='SmolLM2-135M Q4_1, "
-           f"1 thread per worker, this host'")
+           f"1 thread per worker, this host' "
+           f"--profile_max_error={a.profile_max_error}")
     if a.quick_profile:
         cmd += " --profile_quick"
     run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), "1P1D",

@@ -117,6 +117,10 @@ ABSL_FLAG(bool, profile_quick, false,
           "profile: fewer points (prompts up to 512 tokens, decode batches "
           "up to 8 with 256-token answers), for a quick check rather than a "
           "profile to keep");
+ABSL_FLAG(double, profile_max_error, 0.10,
+          "profile: refuse a fit whose mean error on held-out samples is "
+          "above this fraction (a noisy host gives a profile not worth "
+          "keeping)");
 ABSL_FLAG(std::string, cpus, "",
           "pin the benchmark client to these CPUs, e.g. 3 or 2-3");
 
@@ -151,15 +155,6 @@ int Fail(const absl::Status& status) {
 // `baton-bench profile`: measures the cluster at --server and writes the
 // cost profile baton-sim reads (bench/sim/profiler.h).
 int Profile() {
-  auto channel = baton::OpenChannel(absl::GetFlag(FLAGS_server),
-                                    baton::ClientSecurityFromFlags());
-  if (!channel.ok()) return Fail(channel.status());
-  if (absl::Status s = baton::bench::WaitForServer(
-          **channel, absl::GetFlag(FLAGS_server),
-          absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
-      !s.ok()) {
-    return Fail(s);
-  }
   baton::sim::ProfileOptions options;
   options.name = absl::GetFlag(FLAGS_profile_name);
   options.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
@@ -169,10 +164,25 @@ int Profile() {
     options.decode_batches = {1, 2, 4, 8};
     options.decode_tokens = std::min(options.decode_tokens, 256);
   }
+  options.max_heldout_mape = absl::GetFlag(FLAGS_profile_max_error);
+  if (!(options.max_heldout_mape > 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--profile_max_error must be a positive fraction, got ",
+                     options.max_heldout_mape)));
+  }
   if (options.decode_tokens < 2 * options.decode_chunk_tokens) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--profile_decode_tokens must be at least ",
         2 * options.decode_chunk_tokens, ", got ", options.decode_tokens)));
+  }
+  auto channel = baton::OpenChannel(absl::GetFlag(FLAGS_server),
+                                    baton::ClientSecurityFromFlags());
+  if (!channel.ok()) return Fail(channel.status());
+  if (absl::Status s = baton::bench::WaitForServer(
+          **channel, absl::GetFlag(FLAGS_server),
+          absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+      !s.ok()) {
+    return Fail(s);
   }
   auto profile = baton::sim::MeasureProfile(*channel, options, std::cerr);
   if (!profile.ok()) return Fail(profile.status());

@@ -174,6 +174,7 @@ TEST(BenchBinaryTest, BadFlagsExitWithAMessage) {
       {"--server=x:1 --max-concurrency=-1", "--max-concurrency"},
       {"--server=x:1 --metric-percentiles=150", "--metric-percentiles"},
       {"--server=x:1 stray", "unexpected argument 'stray'"},
+      {"profile --server=x:1 --profile-max-error=0", "--profile_max_error"},
   };
   for (const Case& c : cases) {
     const Command r = RunBinary(c.flags);
