@@ -21,5 +21,6 @@ if(NOT BATON_FUZZ)
   add_executable(attention_bench
     ${CMAKE_CURRENT_LIST_DIR}/../../bench/kernels/attention_bench.cc)
   target_compile_options(attention_bench PRIVATE ${BATON_WARNINGS})
-  target_link_libraries(attention_bench PRIVATE baton_cpu_ops baton_bench_util)
+  target_link_libraries(attention_bench PRIVATE baton_cpu_ops baton_bench_util
+                        absl::strings absl::status absl::statusor)
 endif()

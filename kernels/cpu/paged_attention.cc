@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -20,10 +21,43 @@
 namespace baton {
 namespace {
 
-constexpr int kMaxGroup = 16;  // query heads per KV head handled together
+constexpr int kMaxGroup = 16;
+
+// Loops over a row must unroll fully so their values live in registers.
+#define BATON_UNROLL \
+  _Pragma("GCC unroll 16")  // query heads per KV head handled together
 
 // The softmax's exp (exp_approx.h, degree 6): arguments are <= 0.
 inline float ExpNonPositive(float x) { return exp_approx::Exp<6>(x); }
+
+// sums[r] = s_r[0] + s_r[1] + ... + s_r[n - 1] in double, left to right, for
+// the `rows` rows of n scores: R rows at a time in interleaved loops, so the
+// additions of different rows overlap while each row's stay in order (the
+// bits of one loop per row).
+template <int R>
+void SumRowsOf(const float* s, int64_t n, double* sums) {
+  double acc[R] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    for (int r = 0; r < R; ++r) acc[r] += s[r * n + j];
+  }
+  for (int r = 0; r < R; ++r) sums[r] = acc[r];
+}
+
+void SumRows(const float* s, int64_t n, int rows, double* sums) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) SumRowsOf<4>(s + r * n, n, sums + r);
+  switch (rows - r) {
+    case 3:
+      SumRowsOf<3>(s + r * n, n, sums + r);
+      break;
+    case 2:
+      SumRowsOf<2>(s + r * n, n, sums + r);
+      break;
+    case 1:
+      SumRowsOf<1>(s + r * n, n, sums + r);
+      break;
+  }
+}
 
 // The score order every path shares for head_dim a multiple of 16: 16
 // lanes, lane l summing q[16 c + l] k[16 c + l] over c (a product, then
@@ -105,32 +139,92 @@ BATON_AVX512 inline float Reduce16(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
-// head_dim a multiple of 16, at most 256.
+// Reduce16 of 16 accumulators at once: lane t of the result is
+// Reduce16(a[t]), with the same additions on the same operands (the tree's
+// first level adds the upper and lower halves of two accumulators in one
+// register, the second their quarters, the third pairs inside a quarter), so
+// the bits are those of 16 separate Reduce16 calls, in about a sixth of the
+// instructions.
+BATON_AVX512 inline __m512 Reduce16x16(const __m512* a) {
+  __m512 x[8];  // x[p]: lanes 0-7 t8 of a[2p], lanes 8-15 t8 of a[2p + 1]
+  for (int p = 0; p < 8; ++p) {
+    const __m512 lo = _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44);
+    const __m512 hi = _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE);
+    x[p] = _mm512_add_ps(hi, lo);  // t8[l] = lane[l + 8] + lane[l]
+  }
+  __m512 y[4];  // y[p]: quarter k holds u[0..3] of a[4p + k]
+  for (int p = 0; p < 4; ++p) {
+    const __m512 lo = _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], 0x88);
+    const __m512 hi = _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], 0xDD);
+    y[p] = _mm512_add_ps(hi, lo);  // u[l] = t8[l + 4] + t8[l]
+  }
+  __m512 z[2];  // z[p], quarter k: u2 + u0, u3 + u1 of a[8p + k], a[8p + 4 + k]
+  for (int p = 0; p < 2; ++p) {
+    const __m512 lo = _mm512_shuffle_ps(y[2 * p], y[2 * p + 1], 0x44);
+    const __m512 hi = _mm512_shuffle_ps(y[2 * p], y[2 * p + 1], 0xEE);
+    z[p] = _mm512_add_ps(hi, lo);
+  }
+  // Quarter k: (u2 + u0) + (u3 + u1) of a[k], a[4 + k], a[8 + k], a[12 + k].
+  const __m512 even = _mm512_shuffle_ps(z[0], z[1], 0x88);
+  const __m512 odd = _mm512_shuffle_ps(z[0], z[1], 0xDD);
+  const __m512 r = _mm512_add_ps(even, odd);
+  // Lane 4k + e holds a[4e + k]: back to lane t for a[t].
+  const __m512i order =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// The attention of one KV group's heads for one query, head_dim = 16 NV
+// (NV <= 16). NV is a template argument so every loop over a row unrolls
+// and the accumulators stay in registers.
+template <int NV>
 BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
                               int group, int64_t n_keys, const PagedKvView& kv,
                               int64_t g, float scale, float* scores) {
-  const int64_t d = kv.head_dim;
-  const int64_t nv = d / 16;
+  constexpr int64_t d = 16 * NV;
   const int64_t bs = kv.block_size;
   const int64_t head_stride = bs * d;
-  __m512 q[kMaxGroup][16];
-  for (int h = 0; h < group; ++h) {
-    for (int64_t c = 0; c < nv; ++c) {
-      q[h][c] = _mm512_loadu_ps(qh[h] + 16 * c);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  // Scores sixteen keys at a time: their K rows in floats (zeros past the
+  // last key), each head's 16 dot products, one batched reduction.
+  alignas(64) float kf[16][d];
+  for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, n_keys - j0);
+    for (int64_t t = 0; t < 16; ++t) {
+      if (t >= n) {
+        BATON_UNROLL
+        for (int c = 0; c < NV; ++c) {
+          _mm512_store_ps(kf[t] + 16 * c, _mm512_setzero_ps());
+        }
+        continue;
+      }
+      const int64_t j = j0 + t;
+      const uint16_t* k = kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d;
+      BATON_UNROLL
+      for (int c = 0; c < NV; ++c) {
+        _mm512_store_ps(kf[t] + 16 * c,
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(k + 16 * c))));
+      }
     }
-  }
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d;
-    __m512 kf[16];
-    for (int64_t c = 0; c < nv; ++c) {
-      kf[c] = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 16 * c)));
-    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
     for (int h = 0; h < group; ++h) {
-      __m512 acc = _mm512_mul_ps(q[h][0], kf[0]);
-      for (int64_t c = 1; c < nv; ++c)
-        acc = _mm512_fmadd_ps(q[h][c], kf[c], acc);
-      scores[h * n_keys + j] = Reduce16(acc) * scale;
+      const float* q = qh[h];
+      __m512 acc[16];
+      BATON_UNROLL
+      for (int t = 0; t < 16; ++t) {
+        acc[t] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_load_ps(kf[t]));
+      }
+      BATON_UNROLL
+      for (int c = 1; c < NV; ++c) {
+        const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+        BATON_UNROLL
+        for (int t = 0; t < 16; ++t) {
+          acc[t] = _mm512_fmadd_ps(qc, _mm512_load_ps(kf[t] + 16 * c), acc[t]);
+        }
+      }
+      _mm512_mask_storeu_ps(scores + h * n_keys + j0, mask,
+                            _mm512_mul_ps(Reduce16x16(acc), vscale));
     }
   }
   for (int h = 0; h < group; ++h) {
@@ -151,10 +245,13 @@ BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
       __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), vm));
       _mm512_mask_storeu_ps(s + j, mask, e);
     }
-    double sum = 0.0;
-    for (j = 0; j < n_keys; ++j) sum += s[j];
-    const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sum));
-    j = 0;
+  }
+  double sums[kMaxGroup];
+  SumRows(scores, n_keys, group, sums);
+  for (int h = 0; h < group; ++h) {
+    float* s = scores + h * n_keys;
+    const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sums[h]));
+    int64_t j = 0;
     for (; j + 16 <= n_keys; j += 16) {
       __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j), inv);
       _mm512_storeu_ps(s + j, p);
@@ -165,28 +262,58 @@ BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
       _mm512_mask_storeu_ps(s + j, mask, p);
     }
   }
-  __m512 acc[kMaxGroup][16];
-  for (int h = 0; h < group; ++h) {
-    for (int64_t c = 0; c < nv; ++c) acc[h][c] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
-    __m512 vf[16];
-    for (int64_t c = 0; c < nv; ++c) {
-      vf[c] = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
+  // The weighted sum, kH heads at a time so their accumulators stay in
+  // registers (each head's still adds the keys in order from zero).
+  constexpr int kH = NV >= 16 ? 1 : 16 / NV;
+  for (int h0 = 0; h0 < group; h0 += kH) {
+    const int hn = std::min(kH, group - h0);
+    __m512 acc[kH][NV];
+    BATON_UNROLL
+    for (int h = 0; h < kH; ++h) {
+      BATON_UNROLL
+      for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_setzero_ps();
     }
-    for (int h = 0; h < group; ++h) {
-      __m512 p = _mm512_set1_ps(scores[h * n_keys + j]);
-      for (int64_t c = 0; c < nv; ++c)
-        acc[h][c] = _mm512_fmadd_ps(p, vf[c], acc[h][c]);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
+      __m512 vf[NV];
+      BATON_UNROLL
+      for (int c = 0; c < NV; ++c) {
+        vf[c] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
+      }
+      BATON_UNROLL
+      for (int h = 0; h < kH; ++h) {
+        if (h >= hn) break;
+        const __m512 p = _mm512_set1_ps(scores[(h0 + h) * n_keys + j]);
+        BATON_UNROLL
+        for (int c = 0; c < NV; ++c) {
+          acc[h][c] = _mm512_fmadd_ps(p, vf[c], acc[h][c]);
+        }
+      }
     }
-  }
-  for (int h = 0; h < group; ++h) {
-    for (int64_t c = 0; c < nv; ++c)
-      _mm512_storeu_ps(oh[h] + 16 * c, acc[h][c]);
+    for (int h = 0; h < hn; ++h) {
+      BATON_UNROLL
+      for (int c = 0; c < NV; ++c) {
+        _mm512_storeu_ps(oh[h0 + h] + 16 * c, acc[h][c]);
+      }
+    }
   }
 }
+
+using GroupFn = void (*)(const float* const*, float* const*, int, int64_t,
+                         const PagedKvView&, int64_t, float, float*);
+
+// GroupAvx512<head_dim / 16>; head_dim a multiple of 16, at most 256.
+template <int... NV>
+constexpr GroupFn Avx512For(int64_t nv, std::integer_sequence<int, NV...>) {
+  GroupFn fn = nullptr;
+  ((fn = nv == NV + 1 ? &GroupAvx512<NV + 1> : fn), ...);
+  return fn;
+}
+GroupFn GroupAvx512For(int64_t head_dim) {
+  return Avx512For(head_dim / 16, std::make_integer_sequence<int, 16>{});
+}
+
 #define BATON_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 BATON_AVX2 inline __m256 Exp8(__m256 x) { return exp_approx::Exp8<6>(x); }
@@ -204,28 +331,77 @@ BATON_AVX2 inline __m256 LoadHalves8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// GroupAvx512 on 8-lane registers, two per 16 dims; head_dim a multiple of
-// 16, at most 256. Same operations in the same order: the same bits.
+// Reduce16 of four accumulators (lanes 0-7 in lo[t], 8-15 in hi[t]) at
+// once: element t is Reduce16(lo[t], hi[t]), the same additions on the same
+// operands as four separate calls.
+BATON_AVX2 inline __m128 Reduce16x4(const __m256* lo, const __m256* hi) {
+  __m256 t8[4];  // t8[l] = lane[l + 8] + lane[l]
+  for (int t = 0; t < 4; ++t) t8[t] = _mm256_add_ps(hi[t], lo[t]);
+  __m256 u[2];  // half k of u[p]: u[0..3] of accumulator 2p + k
+  for (int p = 0; p < 2; ++p) {
+    const __m256 l = _mm256_permute2f128_ps(t8[2 * p], t8[2 * p + 1], 0x20);
+    const __m256 h = _mm256_permute2f128_ps(t8[2 * p], t8[2 * p + 1], 0x31);
+    u[p] = _mm256_add_ps(h, l);  // u[l] = t8[l + 4] + t8[l]
+  }
+  // Half k: u2 + u0, u3 + u1 of accumulators k and 2 + k.
+  const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0xEE),
+                                 _mm256_shuffle_ps(u[0], u[1], 0x44));
+  // Half k: (u2 + u0) + (u3 + u1) of accumulators k, 2 + k (twice).
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(z, z, 0x88),
+                                 _mm256_shuffle_ps(z, z, 0xDD));
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(r),
+                         _mm256_extractf128_ps(r, 1));
+}
+
+// GroupAvx512 on 8-lane registers, two per 16 dims (head_dim = 16 NV): the
+// same operations in the same order, so the same bits. Scores four keys at
+// a time; the weighted sum sixteen keys at a time from their V rows in
+// floats, up to 64 dims of a head's accumulators in registers.
+template <int NV>
 BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh, int group,
                           int64_t n_keys, const PagedKvView& kv, int64_t g,
                           float scale, float* scores) {
-  const int64_t d = kv.head_dim;
-  const int64_t nv = d / 8;  // 8-lane registers per row
+  constexpr int64_t d = 16 * NV;
   const int64_t bs = kv.block_size;
   const int64_t head_stride = bs * d;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d;
-    __m256 kf[32];
-    for (int64_t c = 0; c < nv; ++c) kf[c] = LoadHalves8(k + 8 * c);
+  const __m128 vscale = _mm_set1_ps(scale);
+  alignas(32) float rows[16][d];  // K (4 rows) or V (16 rows) in floats
+  for (int64_t j0 = 0; j0 < n_keys; j0 += 4) {
+    const int64_t n = std::min<int64_t>(4, n_keys - j0);
+    for (int64_t t = 0; t < 4; ++t) {
+      const int64_t j = j0 + t;
+      const uint16_t* k =
+          t < n ? kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d
+                : nullptr;
+      BATON_UNROLL
+      for (int c = 0; c < 2 * NV; ++c) {
+        _mm256_store_ps(rows[t] + 8 * c, k != nullptr ? LoadHalves8(k + 8 * c)
+                                                      : _mm256_setzero_ps());
+      }
+    }
     for (int h = 0; h < group; ++h) {
       const float* q = qh[h];
-      __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(q), kf[0]);
-      __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(q + 8), kf[1]);
-      for (int64_t c = 2; c < nv; c += 2) {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), kf[c], lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c + 8), kf[c + 1], hi);
+      __m256 lo[4], hi[4];
+      BATON_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        lo[t] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_load_ps(rows[t]));
+        hi[t] =
+            _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_load_ps(rows[t] + 8));
       }
-      scores[h * n_keys + j] = Reduce16(lo, hi) * scale;
+      BATON_UNROLL
+      for (int c = 1; c < NV; ++c) {
+        const __m256 ql = _mm256_loadu_ps(q + 16 * c);
+        const __m256 qh8 = _mm256_loadu_ps(q + 16 * c + 8);
+        BATON_UNROLL
+        for (int t = 0; t < 4; ++t) {
+          lo[t] = _mm256_fmadd_ps(ql, _mm256_load_ps(rows[t] + 16 * c), lo[t]);
+          hi[t] =
+              _mm256_fmadd_ps(qh8, _mm256_load_ps(rows[t] + 16 * c + 8), hi[t]);
+        }
+      }
+      alignas(16) float r[4];
+      _mm_store_ps(r, _mm_mul_ps(Reduce16x4(lo, hi), vscale));
+      for (int64_t t = 0; t < n; ++t) scores[h * n_keys + j0 + t] = r[t];
     }
   }
   for (int h = 0; h < group; ++h) {
@@ -244,32 +420,69 @@ BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh, int group,
       _mm256_storeu_ps(s + j, Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
     }
     for (; j < n_keys; ++j) s[j] = ExpNonPositive(s[j] - m);
-    double sum = 0.0;
-    for (j = 0; j < n_keys; ++j) sum += s[j];
-    const float inv_f = static_cast<float>(1.0 / sum);
+  }
+  double sums[kMaxGroup];
+  SumRows(scores, n_keys, group, sums);
+  for (int h = 0; h < group; ++h) {
+    float* s = scores + h * n_keys;
+    const float inv_f = static_cast<float>(1.0 / sums[h]);
     const __m256 inv = _mm256_set1_ps(inv_f);
-    j = 0;
+    int64_t j = 0;
     for (; j + 8 <= n_keys; j += 8) {
       _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
     }
     for (; j < n_keys; ++j) s[j] = s[j] * inv_f;
   }
+  // Each head's accumulators start at zero and add the keys in order; they
+  // wait in its output row between blocks of keys (an exact round trip).
   for (int h = 0; h < group; ++h) {
     for (int64_t i = 0; i < d; ++i) oh[h][i] = 0.0f;
   }
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
-    __m256 vf[32];
-    for (int64_t c = 0; c < nv; ++c) vf[c] = LoadHalves8(v + 8 * c);
+  constexpr int kChunk = std::min(8, 2 * NV);  // registers of a row at once
+  for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, n_keys - j0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t j = j0 + t;
+      const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
+      BATON_UNROLL
+      for (int c = 0; c < 2 * NV; ++c) {
+        _mm256_store_ps(rows[t] + 8 * c, LoadHalves8(v + 8 * c));
+      }
+    }
     for (int h = 0; h < group; ++h) {
-      const __m256 p = _mm256_set1_ps(scores[h * n_keys + j]);
+      const float* p = scores + h * n_keys + j0;
       float* o = oh[h];
-      for (int64_t c = 0; c < nv; ++c) {
-        _mm256_storeu_ps(o + 8 * c,
-                         _mm256_fmadd_ps(p, vf[c], _mm256_loadu_ps(o + 8 * c)));
+      for (int c0 = 0; c0 < 2 * NV; c0 += kChunk) {
+        __m256 acc[kChunk];
+        BATON_UNROLL
+        for (int c = 0; c < kChunk; ++c) {
+          acc[c] = _mm256_loadu_ps(o + 8 * (c0 + c));
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          const __m256 pt = _mm256_set1_ps(p[t]);
+          BATON_UNROLL
+          for (int c = 0; c < kChunk; ++c) {
+            acc[c] = _mm256_fmadd_ps(pt, _mm256_load_ps(rows[t] + 8 * (c0 + c)),
+                                     acc[c]);
+          }
+        }
+        BATON_UNROLL
+        for (int c = 0; c < kChunk; ++c) {
+          _mm256_storeu_ps(o + 8 * (c0 + c), acc[c]);
+        }
       }
     }
   }
+}
+
+template <int... NV>
+constexpr GroupFn Avx2For(int64_t nv, std::integer_sequence<int, NV...>) {
+  GroupFn fn = nullptr;
+  ((fn = nv == NV + 1 ? &GroupAvx2<NV + 1> : fn), ...);
+  return fn;
+}
+GroupFn GroupAvx2For(int64_t head_dim) {
+  return Avx2For(head_dim / 16, std::make_integer_sequence<int, 16>{});
 }
 #endif
 
@@ -293,6 +506,10 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
   const bool avx512 =
       (isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Vnni) && lanes16;
   const bool avx2 = isa == CpuIsa::kAvx2 && lanes16;
+#if defined(__x86_64__)
+  const GroupFn avx512_fn = avx512 ? GroupAvx512For(d) : nullptr;
+  const GroupFn avx2_fn = avx2 ? GroupAvx2For(d) : nullptr;
+#endif
   for (int64_t i = 0; i < num_queries; ++i) {
     const int64_t n_keys = start_pos + i + 1;
     for (int64_t g = 0; g < kv.num_kv_heads; ++g) {
@@ -305,11 +522,11 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
       }
 #if defined(__x86_64__)
       if (avx512) {
-        GroupAvx512(qh, oh, group, n_keys, kv, g, shape.scale, scores);
+        avx512_fn(qh, oh, group, n_keys, kv, g, shape.scale, scores);
         continue;
       }
       if (avx2) {
-        GroupAvx2(qh, oh, group, n_keys, kv, g, shape.scale, scores);
+        avx2_fn(qh, oh, group, n_keys, kv, g, shape.scale, scores);
         continue;
       }
 #endif
