@@ -21,40 +21,55 @@
 namespace baton {
 namespace {
 
-constexpr int kMaxGroup = 16;
+constexpr int kMaxGroup = 16;  // query heads per KV head
+// The SIMD paths take the heads of up to kTileQueries queries at once (one
+// KV head's rows of a prefill chunk share every K and V row they read).
+constexpr int kTileQueries = 4;
+constexpr int kMaxRows = kTileQueries * kMaxGroup;
 
 // Loops over a row must unroll fully so their values live in registers.
-#define BATON_UNROLL \
-  _Pragma("GCC unroll 16")  // query heads per KV head handled together
+#define BATON_UNROLL _Pragma("GCC unroll 16")
 
 // The softmax's exp (exp_approx.h, degree 6): arguments are <= 0.
 inline float ExpNonPositive(float x) { return exp_approx::Exp<6>(x); }
 
-// sums[r] = s_r[0] + s_r[1] + ... + s_r[n - 1] in double, left to right, for
-// the `rows` rows of n scores: R rows at a time in interleaved loops, so the
-// additions of different rows overlap while each row's stay in order (the
-// bits of one loop per row).
+// sums[r] = s_r[0] + s_r[1] + ... + s_r[n[r] - 1] in double, left to right,
+// for rows of scores `stride` apart: R rows at a time in interleaved loops
+// over the keys they all have, then each row's rest, so the additions of
+// different rows overlap while each row's stay in order (the bits of one
+// loop per row).
 template <int R>
-void SumRowsOf(const float* s, int64_t n, double* sums) {
+void SumRowsOf(const float* s, int64_t stride, const int64_t* n, double* sums) {
+  int64_t common = n[0];
+  for (int r = 1; r < R; ++r) common = std::min(common, n[r]);
   double acc[R] = {};
-  for (int64_t j = 0; j < n; ++j) {
-    for (int r = 0; r < R; ++r) acc[r] += s[r * n + j];
+  for (int64_t j = 0; j < common; ++j) {
+    for (int r = 0; r < R; ++r) acc[r] += s[r * stride + j];
   }
-  for (int r = 0; r < R; ++r) sums[r] = acc[r];
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = common; j < n[r]; ++j) acc[r] += s[r * stride + j];
+    sums[r] = acc[r];
+  }
 }
 
-void SumRows(const float* s, int64_t n, int rows, double* sums) {
+void SumRows(const float* s, int64_t stride, const int64_t* n, int rows,
+             double* sums) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) SumRowsOf<4>(s + r * n, n, sums + r);
+  for (; r + 8 <= rows; r += 8) {
+    SumRowsOf<8>(s + r * stride, stride, n + r, sums + r);
+  }
+  for (; r + 4 <= rows; r += 4) {
+    SumRowsOf<4>(s + r * stride, stride, n + r, sums + r);
+  }
   switch (rows - r) {
     case 3:
-      SumRowsOf<3>(s + r * n, n, sums + r);
+      SumRowsOf<3>(s + r * stride, stride, n + r, sums + r);
       break;
     case 2:
-      SumRowsOf<2>(s + r * n, n, sums + r);
+      SumRowsOf<2>(s + r * stride, stride, n + r, sums + r);
       break;
     case 1:
-      SumRowsOf<1>(s + r * n, n, sums + r);
+      SumRowsOf<1>(s + r * stride, stride, n + r, sums + r);
       break;
   }
 }
@@ -174,134 +189,145 @@ BATON_AVX512 inline __m512 Reduce16x16(const __m512* a) {
   return _mm512_permutexvar_ps(order, r);
 }
 
-// The attention of one KV group's heads for one query, head_dim = 16 NV
-// (NV <= 16). NV is a template argument so every loop over a row unrolls
-// and the accumulators stay in registers.
+// Rows j0 .. j0 + 15 of KV head g of one layer's K or V blocks, as floats
+// (zeros from row `end` on).
 template <int NV>
-BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
-                              int group, int64_t n_keys, const PagedKvView& kv,
-                              int64_t g, float scale, float* scores) {
+BATON_AVX512 void RowsToFloats512(std::span<const uint16_t* const> blocks,
+                                  int64_t g, int64_t bs, int64_t j0,
+                                  int64_t end, float (*dst)[16 * NV]) {
   constexpr int64_t d = 16 * NV;
-  const int64_t bs = kv.block_size;
-  const int64_t head_stride = bs * d;
-  const __m512 vscale = _mm512_set1_ps(scale);
-  // Scores sixteen keys at a time: their K rows in floats (zeros past the
-  // last key), each head's 16 dot products, one batched reduction.
-  alignas(64) float kf[16][d];
-  for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
-    const int64_t n = std::min<int64_t>(16, n_keys - j0);
-    for (int64_t t = 0; t < 16; ++t) {
-      if (t >= n) {
-        BATON_UNROLL
-        for (int c = 0; c < NV; ++c) {
-          _mm512_store_ps(kf[t] + 16 * c, _mm512_setzero_ps());
-        }
-        continue;
-      }
-      const int64_t j = j0 + t;
-      const uint16_t* k = kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d;
+  for (int64_t t = 0; t < 16; ++t) {
+    const int64_t j = j0 + t;
+    if (j >= end) {
       BATON_UNROLL
       for (int c = 0; c < NV; ++c) {
-        _mm512_store_ps(kf[t] + 16 * c,
-                        _mm512_cvtph_ps(_mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(k + 16 * c))));
+        _mm512_store_ps(dst[t] + 16 * c, _mm512_setzero_ps());
       }
+      continue;
     }
-    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
-    for (int h = 0; h < group; ++h) {
-      const float* q = qh[h];
+    const uint16_t* x = blocks[j / bs] + g * bs * d + (j % bs) * d;
+    BATON_UNROLL
+    for (int c = 0; c < NV; ++c) {
+      _mm512_store_ps(dst[t] + 16 * c,
+                      _mm512_cvtph_ps(_mm256_loadu_si256(
+                          reinterpret_cast<const __m256i*>(x + 16 * c))));
+    }
+  }
+}
+
+// The attention of `rows` query rows of one KV head g (the heads of up to
+// kTileQueries queries), row r over keys [0, n_keys[r]), head_dim = 16 NV
+// (NV <= 16). Every row gets the operations of one row alone, in the same
+// order; the rows only share loading and converting K and V. NV is a
+// template argument so every loop over a row unrolls and the accumulators
+// stay in registers. `scores` holds rows x max(n_keys) floats.
+template <int NV>
+BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
+                              const int64_t* n_keys, int rows,
+                              const PagedKvView& kv, int64_t g, float scale,
+                              float* scores) {
+  constexpr int64_t d = 16 * NV;
+  const int64_t bs = kv.block_size;
+  int64_t stride = 0;
+  for (int r = 0; r < rows; ++r) stride = std::max(stride, n_keys[r]);
+  // Sixteen K (then V) rows in floats; zeros past the last key.
+  alignas(64) float kv16[16][d];
+  // Scores sixteen keys at a time: each row's 16 dot products, one batched
+  // reduction.
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < stride; j0 += 16) {
+    RowsToFloats512<NV>(kv.k_blocks, g, bs, j0, stride, kv16);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = std::min<int64_t>(16, n_keys[r] - j0);
+      if (n <= 0) continue;
+      const float* q = qh[r];
       __m512 acc[16];
       BATON_UNROLL
       for (int t = 0; t < 16; ++t) {
-        acc[t] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_load_ps(kf[t]));
+        acc[t] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_load_ps(kv16[t]));
       }
       BATON_UNROLL
       for (int c = 1; c < NV; ++c) {
         const __m512 qc = _mm512_loadu_ps(q + 16 * c);
         BATON_UNROLL
         for (int t = 0; t < 16; ++t) {
-          acc[t] = _mm512_fmadd_ps(qc, _mm512_load_ps(kf[t] + 16 * c), acc[t]);
+          acc[t] =
+              _mm512_fmadd_ps(qc, _mm512_load_ps(kv16[t] + 16 * c), acc[t]);
         }
       }
-      _mm512_mask_storeu_ps(scores + h * n_keys + j0, mask,
+      _mm512_mask_storeu_ps(scores + r * stride + j0,
+                            static_cast<__mmask16>((1u << n) - 1),
                             _mm512_mul_ps(Reduce16x16(acc), vscale));
     }
   }
-  for (int h = 0; h < group; ++h) {
-    float* s = scores + h * n_keys;
+  for (int r = 0; r < rows; ++r) {
+    float* s = scores + r * stride;
+    const int64_t n_keys_r = n_keys[r];
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     int64_t j = 0;
-    for (; j + 16 <= n_keys; j += 16)
+    for (; j + 16 <= n_keys_r; j += 16)
       vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
     float m = _mm512_reduce_max_ps(vmax);
-    for (; j < n_keys; ++j) m = std::max(m, s[j]);
+    for (; j < n_keys_r; ++j) m = std::max(m, s[j]);
     __m512 vm = _mm512_set1_ps(m);
     j = 0;
-    for (; j + 16 <= n_keys; j += 16) {
+    for (; j + 16 <= n_keys_r; j += 16) {
       _mm512_storeu_ps(s + j, Exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm)));
     }
-    if (j < n_keys) {
-      __mmask16 mask = static_cast<__mmask16>((1u << (n_keys - j)) - 1);
+    if (j < n_keys_r) {
+      __mmask16 mask = static_cast<__mmask16>((1u << (n_keys_r - j)) - 1);
       __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), vm));
       _mm512_mask_storeu_ps(s + j, mask, e);
     }
   }
-  double sums[kMaxGroup];
-  SumRows(scores, n_keys, group, sums);
-  for (int h = 0; h < group; ++h) {
-    float* s = scores + h * n_keys;
-    const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sums[h]));
+  double sums[kMaxRows];
+  SumRows(scores, stride, n_keys, rows, sums);
+  for (int r = 0; r < rows; ++r) {
+    float* s = scores + r * stride;
+    const int64_t n_keys_r = n_keys[r];
+    const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sums[r]));
     int64_t j = 0;
-    for (; j + 16 <= n_keys; j += 16) {
+    for (; j + 16 <= n_keys_r; j += 16) {
       __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j), inv);
       _mm512_storeu_ps(s + j, p);
     }
-    if (j < n_keys) {
-      __mmask16 mask = static_cast<__mmask16>((1u << (n_keys - j)) - 1);
+    if (j < n_keys_r) {
+      __mmask16 mask = static_cast<__mmask16>((1u << (n_keys_r - j)) - 1);
       __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, s + j), inv);
       _mm512_mask_storeu_ps(s + j, mask, p);
     }
   }
-  // The weighted sum, kH heads at a time so their accumulators stay in
-  // registers (each head's still adds the keys in order from zero).
-  constexpr int kH = NV >= 16 ? 1 : 16 / NV;
-  for (int h0 = 0; h0 < group; h0 += kH) {
-    const int hn = std::min(kH, group - h0);
-    __m512 acc[kH][NV];
-    BATON_UNROLL
-    for (int h = 0; h < kH; ++h) {
-      BATON_UNROLL
-      for (int c = 0; c < NV; ++c) acc[h][c] = _mm512_setzero_ps();
-    }
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
-      __m512 vf[NV];
+  // The weighted sum, sixteen V rows at a time: each row's accumulators
+  // start at zero and add its keys in order; between blocks they wait in
+  // its output row (an exact round trip).
+  for (int64_t j0 = 0; j0 < stride; j0 += 16) {
+    RowsToFloats512<NV>(kv.v_blocks, g, bs, j0, stride, kv16);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = std::min<int64_t>(16, n_keys[r] - j0);
+      if (n <= 0) continue;
+      float* o = oh[r];
+      const float* p = scores + r * stride + j0;
+      __m512 acc[NV];
       BATON_UNROLL
       for (int c = 0; c < NV; ++c) {
-        vf[c] = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
+        acc[c] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + 16 * c);
       }
-      BATON_UNROLL
-      for (int h = 0; h < kH; ++h) {
-        if (h >= hn) break;
-        const __m512 p = _mm512_set1_ps(scores[(h0 + h) * n_keys + j]);
+      for (int64_t t = 0; t < n; ++t) {
+        const __m512 pt = _mm512_set1_ps(p[t]);
         BATON_UNROLL
         for (int c = 0; c < NV; ++c) {
-          acc[h][c] = _mm512_fmadd_ps(p, vf[c], acc[h][c]);
+          acc[c] =
+              _mm512_fmadd_ps(pt, _mm512_load_ps(kv16[t] + 16 * c), acc[c]);
         }
       }
-    }
-    for (int h = 0; h < hn; ++h) {
       BATON_UNROLL
-      for (int c = 0; c < NV; ++c) {
-        _mm512_storeu_ps(oh[h0 + h] + 16 * c, acc[h][c]);
-      }
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
     }
   }
 }
 
-using GroupFn = void (*)(const float* const*, float* const*, int, int64_t,
-                         const PagedKvView&, int64_t, float, float*);
+using GroupFn = void (*)(const float* const*, float* const*, const int64_t*,
+                         int, const PagedKvView&, int64_t, float, float*);
 
 // GroupAvx512<head_dim / 16>; head_dim a multiple of 16, at most 256.
 template <int... NV>
@@ -353,40 +379,58 @@ BATON_AVX2 inline __m128 Reduce16x4(const __m256* lo, const __m256* hi) {
                          _mm256_extractf128_ps(r, 1));
 }
 
-// GroupAvx512 on 8-lane registers, two per 16 dims (head_dim = 16 NV): the
-// same operations in the same order, so the same bits. Scores four keys at
-// a time; the weighted sum sixteen keys at a time from their V rows in
-// floats, up to 64 dims of a head's accumulators in registers.
+// Rows j0 .. j0 + count - 1 of KV head g of one layer's K or V blocks, as
+// floats (zeros from row `end` on).
 template <int NV>
-BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh, int group,
-                          int64_t n_keys, const PagedKvView& kv, int64_t g,
-                          float scale, float* scores) {
+BATON_AVX2 void RowsToFloats256(std::span<const uint16_t* const> blocks,
+                                int64_t g, int64_t bs, int64_t j0,
+                                int64_t count, int64_t end,
+                                float (*dst)[16 * NV]) {
   constexpr int64_t d = 16 * NV;
-  const int64_t bs = kv.block_size;
-  const int64_t head_stride = bs * d;
-  const __m128 vscale = _mm_set1_ps(scale);
-  alignas(32) float rows[16][d];  // K (4 rows) or V (16 rows) in floats
-  for (int64_t j0 = 0; j0 < n_keys; j0 += 4) {
-    const int64_t n = std::min<int64_t>(4, n_keys - j0);
-    for (int64_t t = 0; t < 4; ++t) {
-      const int64_t j = j0 + t;
-      const uint16_t* k =
-          t < n ? kv.k_blocks[j / bs] + g * head_stride + (j % bs) * d
-                : nullptr;
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t j = j0 + t;
+    if (j >= end) {
       BATON_UNROLL
       for (int c = 0; c < 2 * NV; ++c) {
-        _mm256_store_ps(rows[t] + 8 * c, k != nullptr ? LoadHalves8(k + 8 * c)
-                                                      : _mm256_setzero_ps());
+        _mm256_store_ps(dst[t] + 8 * c, _mm256_setzero_ps());
       }
+      continue;
     }
-    for (int h = 0; h < group; ++h) {
-      const float* q = qh[h];
+    const uint16_t* x = blocks[j / bs] + g * bs * d + (j % bs) * d;
+    BATON_UNROLL
+    for (int c = 0; c < 2 * NV; ++c) {
+      _mm256_store_ps(dst[t] + 8 * c, LoadHalves8(x + 8 * c));
+    }
+  }
+}
+
+// GroupAvx512 on 8-lane registers, two per 16 dims (head_dim = 16 NV): the
+// same operations in the same order, so the same bits. Scores four keys at
+// a time; the weighted sum sixteen keys at a time, up to 64 dims of a row's
+// accumulators in registers.
+template <int NV>
+BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh,
+                          const int64_t* n_keys, int rows,
+                          const PagedKvView& kv, int64_t g, float scale,
+                          float* scores) {
+  constexpr int64_t d = 16 * NV;
+  const int64_t bs = kv.block_size;
+  int64_t stride = 0;
+  for (int r = 0; r < rows; ++r) stride = std::max(stride, n_keys[r]);
+  alignas(32) float kv16[16][d];  // K (4 rows) or V (16 rows) in floats
+  const __m128 vscale = _mm_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < stride; j0 += 4) {
+    RowsToFloats256<NV>(kv.k_blocks, g, bs, j0, 4, stride, kv16);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = std::min<int64_t>(4, n_keys[r] - j0);
+      if (n <= 0) continue;
+      const float* q = qh[r];
       __m256 lo[4], hi[4];
       BATON_UNROLL
       for (int t = 0; t < 4; ++t) {
-        lo[t] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_load_ps(rows[t]));
+        lo[t] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_load_ps(kv16[t]));
         hi[t] =
-            _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_load_ps(rows[t] + 8));
+            _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_load_ps(kv16[t] + 8));
       }
       BATON_UNROLL
       for (int c = 1; c < NV; ++c) {
@@ -394,75 +438,69 @@ BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh, int group,
         const __m256 qh8 = _mm256_loadu_ps(q + 16 * c + 8);
         BATON_UNROLL
         for (int t = 0; t < 4; ++t) {
-          lo[t] = _mm256_fmadd_ps(ql, _mm256_load_ps(rows[t] + 16 * c), lo[t]);
+          lo[t] = _mm256_fmadd_ps(ql, _mm256_load_ps(kv16[t] + 16 * c), lo[t]);
           hi[t] =
-              _mm256_fmadd_ps(qh8, _mm256_load_ps(rows[t] + 16 * c + 8), hi[t]);
+              _mm256_fmadd_ps(qh8, _mm256_load_ps(kv16[t] + 16 * c + 8), hi[t]);
         }
       }
-      alignas(16) float r[4];
-      _mm_store_ps(r, _mm_mul_ps(Reduce16x4(lo, hi), vscale));
-      for (int64_t t = 0; t < n; ++t) scores[h * n_keys + j0 + t] = r[t];
+      alignas(16) float out4[4];
+      _mm_store_ps(out4, _mm_mul_ps(Reduce16x4(lo, hi), vscale));
+      for (int64_t t = 0; t < n; ++t) scores[r * stride + j0 + t] = out4[t];
     }
   }
-  for (int h = 0; h < group; ++h) {
-    float* s = scores + h * n_keys;
+  for (int r = 0; r < rows; ++r) {
+    float* s = scores + r * stride;
+    const int64_t n_keys_r = n_keys[r];
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
-    for (; j + 8 <= n_keys; j += 8)
+    for (; j + 8 <= n_keys_r; j += 8)
       vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, vmax);
     float m = *std::max_element(lanes, lanes + 8);
-    for (; j < n_keys; ++j) m = std::max(m, s[j]);
+    for (; j < n_keys_r; ++j) m = std::max(m, s[j]);
     const __m256 vm = _mm256_set1_ps(m);
     j = 0;
-    for (; j + 8 <= n_keys; j += 8) {
+    for (; j + 8 <= n_keys_r; j += 8) {
       _mm256_storeu_ps(s + j, Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
     }
-    for (; j < n_keys; ++j) s[j] = ExpNonPositive(s[j] - m);
+    for (; j < n_keys_r; ++j) s[j] = ExpNonPositive(s[j] - m);
   }
-  double sums[kMaxGroup];
-  SumRows(scores, n_keys, group, sums);
-  for (int h = 0; h < group; ++h) {
-    float* s = scores + h * n_keys;
-    const float inv_f = static_cast<float>(1.0 / sums[h]);
+  double sums[kMaxRows];
+  SumRows(scores, stride, n_keys, rows, sums);
+  for (int r = 0; r < rows; ++r) {
+    float* s = scores + r * stride;
+    const int64_t n_keys_r = n_keys[r];
+    const float inv_f = static_cast<float>(1.0 / sums[r]);
     const __m256 inv = _mm256_set1_ps(inv_f);
     int64_t j = 0;
-    for (; j + 8 <= n_keys; j += 8) {
+    for (; j + 8 <= n_keys_r; j += 8) {
       _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
     }
-    for (; j < n_keys; ++j) s[j] = s[j] * inv_f;
+    for (; j < n_keys_r; ++j) s[j] = s[j] * inv_f;
   }
-  // Each head's accumulators start at zero and add the keys in order; they
+  // Each row's accumulators start at zero and add its keys in order; they
   // wait in its output row between blocks of keys (an exact round trip).
-  for (int h = 0; h < group; ++h) {
-    for (int64_t i = 0; i < d; ++i) oh[h][i] = 0.0f;
-  }
   constexpr int kChunk = std::min(8, 2 * NV);  // registers of a row at once
-  for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
-    const int64_t n = std::min<int64_t>(16, n_keys - j0);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t j = j0 + t;
-      const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
-      BATON_UNROLL
-      for (int c = 0; c < 2 * NV; ++c) {
-        _mm256_store_ps(rows[t] + 8 * c, LoadHalves8(v + 8 * c));
-      }
-    }
-    for (int h = 0; h < group; ++h) {
-      const float* p = scores + h * n_keys + j0;
-      float* o = oh[h];
+  for (int64_t j0 = 0; j0 < stride; j0 += 16) {
+    RowsToFloats256<NV>(kv.v_blocks, g, bs, j0, 16, stride, kv16);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = std::min<int64_t>(16, n_keys[r] - j0);
+      if (n <= 0) continue;
+      const float* p = scores + r * stride + j0;
+      float* o = oh[r];
       for (int c0 = 0; c0 < 2 * NV; c0 += kChunk) {
         __m256 acc[kChunk];
         BATON_UNROLL
         for (int c = 0; c < kChunk; ++c) {
-          acc[c] = _mm256_loadu_ps(o + 8 * (c0 + c));
+          acc[c] =
+              j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * (c0 + c));
         }
         for (int64_t t = 0; t < n; ++t) {
           const __m256 pt = _mm256_set1_ps(p[t]);
           BATON_UNROLL
           for (int c = 0; c < kChunk; ++c) {
-            acc[c] = _mm256_fmadd_ps(pt, _mm256_load_ps(rows[t] + 8 * (c0 + c)),
+            acc[c] = _mm256_fmadd_ps(pt, _mm256_load_ps(kv16[t] + 8 * (c0 + c)),
                                      acc[c]);
           }
         }
@@ -499,38 +537,49 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
   const int64_t max_keys = start_pos + num_queries;
   BATON_CHECK_LE((max_keys + kv.block_size - 1) / kv.block_size,
                  static_cast<int64_t>(kv.k_blocks.size()));
-  thread_local std::vector<float> scratch;  // [group][n_keys] scores
-  scratch.resize(group * max_keys);
+  thread_local std::vector<float> scratch;  // [rows][n_keys] scores
+  scratch.resize(static_cast<size_t>(kTileQueries * group * max_keys));
   float* scores = scratch.data();
   const bool lanes16 = d % 16 == 0 && d <= 256;
-  const bool avx512 =
-      (isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Vnni) && lanes16;
-  const bool avx2 = isa == CpuIsa::kAvx2 && lanes16;
+  GroupFn simd = nullptr;
 #if defined(__x86_64__)
-  const GroupFn avx512_fn = avx512 ? GroupAvx512For(d) : nullptr;
-  const GroupFn avx2_fn = avx2 ? GroupAvx2For(d) : nullptr;
+  if ((isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Vnni) && lanes16) {
+    simd = GroupAvx512For(d);
+  } else if (isa == CpuIsa::kAvx2 && lanes16) {
+    simd = GroupAvx2For(d);
+  }
 #endif
-  for (int64_t i = 0; i < num_queries; ++i) {
-    const int64_t n_keys = start_pos + i + 1;
+  const float* qh[kMaxRows];
+  float* oh[kMaxRows];
+  int64_t n_keys[kMaxRows];
+  if (simd != nullptr) {
+    // The heads of kTileQueries queries of one KV head at a time.
     for (int64_t g = 0; g < kv.num_kv_heads; ++g) {
-      const float* qh[kMaxGroup];
-      float* oh[kMaxGroup];
+      for (int64_t i0 = 0; i0 < num_queries; i0 += kTileQueries) {
+        const int64_t queries =
+            std::min<int64_t>(kTileQueries, num_queries - i0);
+        int rows = 0;
+        for (int64_t i = i0; i < i0 + queries; ++i) {
+          for (int h = 0; h < group; ++h, ++rows) {
+            const int64_t head = g * group + h;
+            qh[rows] = q + (i * shape.num_heads + head) * d;
+            oh[rows] = out + (i * shape.num_heads + head) * d;
+            n_keys[rows] = start_pos + i + 1;
+          }
+        }
+        simd(qh, oh, n_keys, rows, kv, g, shape.scale, scores);
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < num_queries; ++i) {
+    for (int64_t g = 0; g < kv.num_kv_heads; ++g) {
       for (int h = 0; h < group; ++h) {
-        int64_t head = g * group + h;
+        const int64_t head = g * group + h;
         qh[h] = q + (i * shape.num_heads + head) * d;
         oh[h] = out + (i * shape.num_heads + head) * d;
       }
-#if defined(__x86_64__)
-      if (avx512) {
-        avx512_fn(qh, oh, group, n_keys, kv, g, shape.scale, scores);
-        continue;
-      }
-      if (avx2) {
-        avx2_fn(qh, oh, group, n_keys, kv, g, shape.scale, scores);
-        continue;
-      }
-#endif
-      GroupScalar(qh, oh, group, n_keys, kv, g, shape.scale, scores);
+      GroupScalar(qh, oh, group, start_pos + i + 1, kv, g, shape.scale, scores);
     }
   }
 }
