@@ -33,45 +33,27 @@ constexpr int kMaxRows = kTileQueries * kMaxGroup;
 // The softmax's exp (exp_approx.h, degree 6): arguments are <= 0.
 inline float ExpNonPositive(float x) { return exp_approx::Exp<6>(x); }
 
-// sums[r] = s_r[0] + s_r[1] + ... + s_r[n[r] - 1] in double, left to right,
-// for rows of scores `stride` apart: R rows at a time in interleaved loops
-// over the keys they all have, then each row's rest, so the additions of
-// different rows overlap while each row's stay in order (the bits of one
-// loop per row).
-template <int R>
-void SumRowsOf(const float* s, int64_t stride, const int64_t* n, double* sums) {
-  int64_t common = n[0];
-  for (int r = 1; r < R; ++r) common = std::min(common, n[r]);
-  double acc[R] = {};
-  for (int64_t j = 0; j < common; ++j) {
-    for (int r = 0; r < R; ++r) acc[r] += s[r * stride + j];
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int64_t j = common; j < n[r]; ++j) acc[r] += s[r * stride + j];
-    sums[r] = acc[r];
-  }
+// The softmax's denominator, the n exps of a row summed in double in an
+// order every path shares: eight partial sums, lane l adding s[8k + l] for
+// k = 0, 1, ... over the whole groups of eight; then the lanes in a fixed
+// tree, ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)); then the last n % 8 one
+// by one. The SIMD paths hold the lanes in registers (one 8-lane register of
+// doubles on AVX-512, two of 4 on AVX2) and give the same bits.
+inline double LanesTree8(const double* lane) {
+  const double t0 = lane[0] + lane[4], t1 = lane[1] + lane[5];
+  const double t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
+  return (t0 + t2) + (t1 + t3);
 }
 
-void SumRows(const float* s, int64_t stride, const int64_t* n, int rows,
-             double* sums) {
-  int r = 0;
-  for (; r + 8 <= rows; r += 8) {
-    SumRowsOf<8>(s + r * stride, stride, n + r, sums + r);
+inline double SumExps(const float* s, int64_t n) {
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += s[j + l];
   }
-  for (; r + 4 <= rows; r += 4) {
-    SumRowsOf<4>(s + r * stride, stride, n + r, sums + r);
-  }
-  switch (rows - r) {
-    case 3:
-      SumRowsOf<3>(s + r * stride, stride, n + r, sums + r);
-      break;
-    case 2:
-      SumRowsOf<2>(s + r * stride, stride, n + r, sums + r);
-      break;
-    case 1:
-      SumRowsOf<1>(s + r * stride, stride, n + r, sums + r);
-      break;
-  }
+  double sum = LanesTree8(lane);
+  for (; j < n; ++j) sum += s[j];
+  return sum;
 }
 
 // The score order every path shares for head_dim a multiple of 16: 16
@@ -120,12 +102,8 @@ void GroupScalar(const float* const* qh, float* const* oh, int group,
   for (int h = 0; h < group; ++h) {
     float* s = scores + h * n_keys;
     float m = *std::max_element(s, s + n_keys);
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_keys; ++j) {
-      s[j] = ExpNonPositive(s[j] - m);
-      sum += s[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < n_keys; ++j) s[j] = ExpNonPositive(s[j] - m);
+    const float inv = static_cast<float>(1.0 / SumExps(s, n_keys));
     for (int64_t i = 0; i < d; ++i) oh[h][i] = 0.0f;
     for (int64_t j = 0; j < n_keys; ++j) {
       const uint16_t* v = kv.v_blocks[j / bs] + g * head_stride + (j % bs) * d;
@@ -187,6 +165,20 @@ BATON_AVX512 inline __m512 Reduce16x16(const __m512* a) {
   const __m512i order =
       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, r);
+}
+
+// SumExps with the eight lanes in one register.
+BATON_AVX512 inline double SumExps512(const float* s, int64_t n) {
+  __m512d acc = _mm512_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(s + j)));
+  }
+  alignas(64) double lane[8];
+  _mm512_store_pd(lane, acc);
+  double sum = LanesTree8(lane);
+  for (; j < n; ++j) sum += s[j];
+  return sum;
 }
 
 // Rows j0 .. j0 + 15 of KV head g of one layer's K or V blocks, as floats
@@ -280,12 +272,11 @@ BATON_AVX512 void GroupAvx512(const float* const* qh, float* const* oh,
       _mm512_mask_storeu_ps(s + j, mask, e);
     }
   }
-  double sums[kMaxRows];
-  SumRows(scores, stride, n_keys, rows, sums);
   for (int r = 0; r < rows; ++r) {
     float* s = scores + r * stride;
     const int64_t n_keys_r = n_keys[r];
-    const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sums[r]));
+    const __m512 inv =
+        _mm512_set1_ps(static_cast<float>(1.0 / SumExps512(s, n_keys_r)));
     int64_t j = 0;
     for (; j + 16 <= n_keys_r; j += 16) {
       __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j), inv);
@@ -379,6 +370,22 @@ BATON_AVX2 inline __m128 Reduce16x4(const __m256* lo, const __m256* hi) {
                          _mm256_extractf128_ps(r, 1));
 }
 
+// SumExps with lanes 0-3 in one register and 4-7 in another.
+BATON_AVX2 inline double SumExps256(const float* s, int64_t n) {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm_loadu_ps(s + j)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm_loadu_ps(s + j + 4)));
+  }
+  alignas(32) double lane[8];
+  _mm256_store_pd(lane, lo);
+  _mm256_store_pd(lane + 4, hi);
+  double sum = LanesTree8(lane);
+  for (; j < n; ++j) sum += s[j];
+  return sum;
+}
+
 // Rows j0 .. j0 + count - 1 of KV head g of one layer's K or V blocks, as
 // floats (zeros from row `end` on).
 template <int NV>
@@ -466,12 +473,10 @@ BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh,
     }
     for (; j < n_keys_r; ++j) s[j] = ExpNonPositive(s[j] - m);
   }
-  double sums[kMaxRows];
-  SumRows(scores, stride, n_keys, rows, sums);
   for (int r = 0; r < rows; ++r) {
     float* s = scores + r * stride;
     const int64_t n_keys_r = n_keys[r];
-    const float inv_f = static_cast<float>(1.0 / sums[r]);
+    const float inv_f = static_cast<float>(1.0 / SumExps256(s, n_keys_r));
     const __m256 inv = _mm256_set1_ps(inv_f);
     int64_t j = 0;
     for (; j + 8 <= n_keys_r; j += 8) {
