@@ -6,6 +6,8 @@ baton_library(baton_cpu_ops
        ${CMAKE_CURRENT_LIST_DIR}/rope.cc
        ${CMAKE_CURRENT_LIST_DIR}/swiglu.cc
        ${CMAKE_CURRENT_LIST_DIR}/paged_attention.cc
+       ${CMAKE_CURRENT_LIST_DIR}/paged_attention_avx2.cc
+       ${CMAKE_CURRENT_LIST_DIR}/paged_attention_avx512.cc
   DEPS baton_cpu_features baton_common absl::status absl::statusor absl::strings)
 # Every path's attention does its multiply-adds where the code says (one
 # order for all paths): no contraction behind its back.
