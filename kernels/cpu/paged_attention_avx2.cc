@@ -93,6 +93,30 @@ BATON_AVX2 void RowsToFloats256(std::span<const uint16_t* const> blocks,
   }
 }
 
+// Registers [c0, c0 + kC) of one row's output, eight floats each: adds the
+// weighted sum of V rows 0..n-1 in key order, from +0 when `first`, else
+// from what the row's output holds (an exact round trip).
+template <int NV, int kC>
+BATON_AVX2 inline void WeightedSumChunk(const float* p, int64_t n,
+                                        const float (*kv16)[16 * NV],
+                                        bool first, float* o, int c0) {
+  __m256 acc[kC];
+  BATON_UNROLL
+  for (int c = 0; c < kC; ++c) {
+    acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * (c0 + c));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pt = _mm256_set1_ps(p[t]);
+    BATON_UNROLL
+    for (int c = 0; c < kC; ++c) {
+      acc[c] =
+          _mm256_fmadd_ps(pt, _mm256_load_ps(kv16[t] + 8 * (c0 + c)), acc[c]);
+    }
+  }
+  BATON_UNROLL
+  for (int c = 0; c < kC; ++c) _mm256_storeu_ps(o + 8 * (c0 + c), acc[c]);
+}
+
 // GroupAvx512 on 8-lane registers, two per 16 dims (head_dim = 16 NV): the
 // same operations in the same order, so the same bits. Scores four keys at
 // a time; the weighted sum sixteen keys at a time, up to 64 dims of a row's
@@ -168,7 +192,10 @@ BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh,
   }
   // Each row's accumulators start at zero and add its keys in order; they
   // wait in its output row between blocks of keys (an exact round trip).
-  constexpr int kChunk = std::min(8, 2 * NV);  // registers of a row at once
+  // A row's 2 NV registers, at most eight at once: full chunks of eight,
+  // then the rest (2 NV = 10 for head_dim 80: 8 + 2).
+  constexpr int kChunk = std::min(8, 2 * NV);
+  constexpr int kFull = 2 * NV / kChunk * kChunk;
   for (int64_t j0 = 0; j0 < stride; j0 += 16) {
     RowsToFloats256<NV>(kv.v_blocks, g, bs, j0, 16, stride, kv16);
     for (int r = 0; r < rows; ++r) {
@@ -176,25 +203,11 @@ BATON_AVX2 void GroupAvx2(const float* const* qh, float* const* oh,
       if (n <= 0) continue;
       const float* p = scores + r * stride + j0;
       float* o = oh[r];
-      for (int c0 = 0; c0 < 2 * NV; c0 += kChunk) {
-        __m256 acc[kChunk];
-        BATON_UNROLL
-        for (int c = 0; c < kChunk; ++c) {
-          acc[c] =
-              j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * (c0 + c));
-        }
-        for (int64_t t = 0; t < n; ++t) {
-          const __m256 pt = _mm256_set1_ps(p[t]);
-          BATON_UNROLL
-          for (int c = 0; c < kChunk; ++c) {
-            acc[c] = _mm256_fmadd_ps(pt, _mm256_load_ps(kv16[t] + 8 * (c0 + c)),
-                                     acc[c]);
-          }
-        }
-        BATON_UNROLL
-        for (int c = 0; c < kChunk; ++c) {
-          _mm256_storeu_ps(o + 8 * (c0 + c), acc[c]);
-        }
+      for (int c0 = 0; c0 < kFull; c0 += kChunk) {
+        WeightedSumChunk<NV, kChunk>(p, n, kv16, j0 == 0, o, c0);
+      }
+      if constexpr (kFull < 2 * NV) {
+        WeightedSumChunk<NV, 2 * NV - kFull>(p, n, kv16, j0 == 0, o, kFull);
       }
     }
   }
@@ -210,6 +223,7 @@ constexpr GroupFn Avx2For(int64_t nv, std::integer_sequence<int, NV...>) {
 }  // namespace
 
 GroupFn GroupAvx2For(int64_t head_dim) {
+  if (head_dim % 16 != 0) return nullptr;
   return Avx2For(head_dim / 16, std::make_integer_sequence<int, 16>{});
 }
 

@@ -223,6 +223,7 @@ constexpr GroupFn Avx512For(int64_t nv, std::integer_sequence<int, NV...>) {
 }  // namespace
 
 GroupFn GroupAvx512For(int64_t head_dim) {
+  if (head_dim % 16 != 0) return nullptr;
   return Avx512For(head_dim / 16, std::make_integer_sequence<int, 16>{});
 }
 
