@@ -7,7 +7,7 @@
 // CPU model and the best path. Every path gives the same bits
 // (paged_attention_test); only speed differs. Best of --reps runs.
 //
-// Usage: attention_bench [--reps=N] [--context=N]
+// Usage: attention_bench [--reps=N] [--context=N] [--isas=avx2,avx512vnni]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "bench/common/memory_bandwidth.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/float16.h"
@@ -55,7 +58,7 @@ Cache MakeCache(const Model& m, int64_t context) {
   return c;
 }
 
-int Run(int reps, int64_t context) {
+int Run(int reps, int64_t context, const std::vector<CpuIsa>& isas) {
   std::printf("CPU: %s; best kernel path: %s; one thread, context %lld\n",
               CpuModelName().c_str(),
               std::string(CpuIsaName(BestCpuIsa())).c_str(),
@@ -85,16 +88,17 @@ int Run(int reps, int64_t context) {
       const double flops =
           4.0 * static_cast<double>(m.head_dim * m.heads) * keys;
       double scalar_s = 0;
-      for (CpuIsa isa : kAllCpuIsas) {
-        if (!IsCpuIsaSupported(isa)) continue;
+      for (CpuIsa isa : isas) {
         const double s = bench::BestSeconds(reps, [&] {
           PagedAttention(q.data(), c.queries, start, shape, view, out.data(),
                          isa);
         });
         if (isa == CpuIsa::kScalar) scalar_s = s;
-        std::printf("%-10s %-22s %-11s %10.3f %10.2f %7.2fx\n", m.name, c.name,
+        std::printf("%-10s %-22s %-11s %10.3f %10.2f", m.name, c.name,
                     std::string(CpuIsaName(isa)).c_str(), s * 1e3,
-                    flops / s / 1e9, scalar_s / s);
+                    flops / s / 1e9);
+        if (scalar_s > 0) std::printf(" %7.2fx", scalar_s / s);
+        std::printf("\n");
       }
     }
   }
@@ -107,13 +111,32 @@ int Run(int reps, int64_t context) {
 int main(int argc, char** argv) {
   int reps = 5;
   int64_t context = 1024;
+  std::vector<baton::CpuIsa> isas;
+  for (baton::CpuIsa isa : baton::kAllCpuIsas) {
+    if (baton::IsCpuIsaSupported(isa)) isas.push_back(isa);
+  }
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) {
       reps = std::atoi(argv[i] + 7);
     } else if (std::strncmp(argv[i], "--context=", 10) == 0) {
       context = std::atoll(argv[i] + 10);
+    } else if (std::strncmp(argv[i], "--isas=", 7) == 0) {
+      isas.clear();
+      for (absl::string_view name : absl::StrSplit(argv[i] + 7, ',')) {
+        absl::StatusOr<baton::CpuIsa> isa = baton::ParseCpuIsa(name);
+        if (!isa.ok() || !baton::IsCpuIsaSupported(*isa)) {
+          std::fprintf(stderr,
+                       "attention_bench: --isas: '%s' is not a path "
+                       "this CPU supports\n",
+                       std::string(name).c_str());
+          return 2;
+        }
+        isas.push_back(*isa);
+      }
     } else {
-      std::fprintf(stderr, "usage: attention_bench [--reps=N] [--context=N]\n");
+      std::fprintf(stderr,
+                   "usage: attention_bench [--reps=N] [--context=N] "
+                   "[--isas=LIST]\n");
       return 2;
     }
   }
@@ -121,5 +144,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attention_bench: --reps >= 1, --context >= 128\n");
     return 2;
   }
-  return baton::Run(reps, context);
+  return baton::Run(reps, context, isas);
 }

@@ -6,6 +6,8 @@ baton_library(baton_cpu_ops
        ${CMAKE_CURRENT_LIST_DIR}/rope.cc
        ${CMAKE_CURRENT_LIST_DIR}/swiglu.cc
        ${CMAKE_CURRENT_LIST_DIR}/paged_attention.cc
+       ${CMAKE_CURRENT_LIST_DIR}/paged_attention_avx2.cc
+       ${CMAKE_CURRENT_LIST_DIR}/paged_attention_avx512.cc
   DEPS baton_cpu_features baton_common absl::status absl::statusor absl::strings)
 # Every path's attention does its multiply-adds where the code says (one
 # order for all paths): no contraction behind its back.
@@ -21,5 +23,6 @@ if(NOT BATON_FUZZ)
   add_executable(attention_bench
     ${CMAKE_CURRENT_LIST_DIR}/../../bench/kernels/attention_bench.cc)
   target_compile_options(attention_bench PRIVATE ${BATON_WARNINGS})
-  target_link_libraries(attention_bench PRIVATE baton_cpu_ops baton_bench_util)
+  target_link_libraries(attention_bench PRIVATE baton_cpu_ops baton_bench_util
+                        absl::strings absl::status absl::statusor)
 endif()

@@ -176,7 +176,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{9, 3, 64, 16, 50, 19}, Shape{4, 4, 32, 8, 7, 9},
                       Shape{8, 1, 128, 16, 100, 3}, Shape{6, 2, 24, 4, 3, 5},
                       Shape{32, 8, 128, 16, 300, 2},
-                      Shape{16, 1, 256, 16, 20, 21}));
+                      Shape{16, 1, 256, 16, 20, 21},
+                      // head_dim 80 and 96: 10 and 12 AVX2 registers a row
+                      // (a chunk of 8, then the rest); 16 and 48: one chunk
+                      // under 8.
+                      Shape{10, 2, 80, 16, 40, 3}, Shape{8, 2, 96, 16, 33, 2},
+                      Shape{4, 1, 48, 16, 20, 5}, Shape{2, 1, 16, 16, 17, 2}));
 
 }  // namespace
 }  // namespace baton
