@@ -114,8 +114,10 @@ absl::Status RequestStateMachine::Admit(absl::string_view request_id,
     return absl::AlreadyExistsError(
         absl::StrCat("request '", request_id, "' already exists"));
   }
-  requests_.emplace(std::string(request_id), std::move(rec));
+  auto [it, inserted] =
+      requests_.emplace(std::string(request_id), std::move(rec));
   attempts_.emplace(std::string(request_id), std::string(request_id));
+  ArmLocked(it->first, it->second);
   return absl::OkStatus();
 }
 
@@ -247,6 +249,7 @@ Transition RequestStateMachine::DropReservationLocked(
   rec.decode.reset();
   if (static_cast<int>(rec.tried_decode.size()) <
       options_.max_decode_attempts) {
+    ArmLocked(request_id, rec);  // the queue timer runs again
     return t;
   }
   Transition failed = TerminateLocked(
@@ -363,7 +366,10 @@ absl::StatusOr<Transition> RequestStateMachine::OnFirstToken(
   // Colocated: the same lease now backs the decode.
   rec.state =
       rec.colocated ? RequestState::kDecoding : RequestState::kTransferring;
-  if (!rec.colocated) rec.transferring_since = now;
+  if (!rec.colocated) {
+    rec.transferring_since = now;
+    ArmLocked(request_id, rec);
+  }
   return Edge(request_id, rec.attempt_id, RequestState::kPrefilling, rec.state);
 }
 

@@ -269,7 +269,9 @@ class RequestStateMachine {
   // By request id, every live request whose timer expired at `now`:
   // OnDeadline past its deadline; OnTransferTimeout past transfer_timeout in
   // TRANSFERRING; FAILED with RESOURCE_EXHAUSTED past its queue deadline in
-  // QUEUED without a reservation.
+  // QUEUED without a reservation. Looks only at requests with a timer due
+  // by `now` (a heap of timers), so a sweep with thousands of requests in
+  // flight and none due costs almost nothing.
   std::vector<Transition> ExpireDeadlines(absl::Time now);
   // Every live request holding a lease on `worker` or an older incarnation
   // of it, by request id: a QUEUED reservation is dropped (the request stays
@@ -295,6 +297,9 @@ class RequestStateMachine {
   // Leases name attempt ids.
   std::vector<Lease> LiveLeases() const;
   std::vector<Lease> LiveLeasesOn(absl::string_view worker_id) const;
+  // Timers waiting in the sweep's heap, stale ones included (each leaves
+  // at its due time).
+  int64_t pending_timers() const;
   // Counts of acquired and released leases (total and by kind).
   int64_t leases_acquired() const;
   int64_t leases_released(std::optional<LeaseRelease> how = {}) const;
@@ -324,6 +329,17 @@ class RequestStateMachine {
     absl::Time queue_deadline = absl::InfiniteFuture();
     absl::Time transferring_since = absl::InfiniteFuture();
     absl::Status status;
+    // The earliest timer of this record in timers_ not yet swept
+    // (InfiniteFuture: none). Invariant for a live record:
+    // armed <= DueLocked(rec).
+    absl::Time armed = absl::InfiniteFuture();
+  };
+  // A record's timer in timers_: when ExpireDeadlines must look at it. May
+  // be stale (the record moved on, or was forgotten): the sweep checks the
+  // record itself.
+  struct Timer {
+    absl::Time due;
+    std::string request_id;
   };
 
   absl::StatusOr<Record*> FindLocked(absl::string_view request_id)
@@ -371,6 +387,15 @@ class RequestStateMachine {
   absl::Status CheckRecordLocked(absl::string_view request_id,
                                  const Record& rec) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // When the first of the record's timers fires in its current state (its
+  // deadline; the transfer timeout in TRANSFERRING; the queue deadline in
+  // QUEUED without a reservation); InfiniteFuture for none or a terminal
+  // record.
+  absl::Time DueLocked(const Record& rec) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Puts the record's due time in timers_ unless an earlier one is there.
+  // Called after every edge that can bring a timer closer.
+  void ArmLocked(absl::string_view request_id, Record& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RequestStateMachineOptions options_;
   const Clock* const clock_;
@@ -381,6 +406,9 @@ class RequestStateMachine {
   // Current attempt id -> request id, for every known request.
   std::map<std::string, std::string, std::less<>> attempts_
       ABSL_GUARDED_BY(mu_);
+  // Min-heap on due (std::push_heap with a greater-than order): a sweep
+  // looks only at the records whose timers are due, not at every request.
+  std::vector<Timer> timers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton::coordinator

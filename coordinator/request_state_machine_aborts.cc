@@ -93,6 +93,7 @@ Transition RequestStateMachine::FailAttemptLocked(
   rec.colocated = false;
   rec.tried_decode.clear();
   rec.queue_deadline = clock_->Now() + options_.queue_timeout;
+  ArmLocked(request_id, rec);
   return t;
 }
 

@@ -72,6 +72,11 @@ std::vector<Lease> RequestStateMachine::LiveLeasesOn(
   return ledger_.LiveOn(worker_id);
 }
 
+int64_t RequestStateMachine::pending_timers() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(timers_.size());
+}
+
 int64_t RequestStateMachine::leases_acquired() const {
   absl::MutexLock lock(&mu_);
   return ledger_.acquired();
@@ -93,6 +98,13 @@ absl::Status RequestStateMachine::CheckRecordLocked(
                        RequestStateName(rec.state), " should hold a lease on ",
                        WorkerRefString(h.worker), " but the ledger has none"));
     }
+  }
+  if (!IsTerminal(rec.state) && rec.armed > DueLocked(rec)) {
+    return absl::InternalError(absl::StrCat(
+        "request '", request_id, "' in ", RequestStateName(rec.state),
+        " has a timer due at ", absl::FormatTime(DueLocked(rec)),
+        " that no sweep would look at (earliest armed: ",
+        absl::FormatTime(rec.armed), ")"));
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,6 @@
 // The state machine's sweeps: timers, dead workers and orphaned leases.
+#include <algorithm>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_leases.h"
@@ -10,11 +12,55 @@ using internal::Held;
 using internal::HeldLeases;
 using internal::Matches;
 
+namespace {
+
+// The heap's order: the earliest due time on top.
+template <typename T>
+bool Later(const T& a, const T& b) {
+  return a.due > b.due;
+}
+
+}  // namespace
+
+absl::Time RequestStateMachine::DueLocked(const Record& rec) const {
+  if (IsTerminal(rec.state)) return absl::InfiniteFuture();
+  absl::Time due = rec.spec.deadline;
+  if (rec.state == RequestState::kTransferring) {
+    due = std::min(due, rec.transferring_since + options_.transfer_timeout);
+  }
+  if (rec.state == RequestState::kQueued && !rec.decode.has_value()) {
+    due = std::min(due, rec.queue_deadline);
+  }
+  return due;
+}
+
+void RequestStateMachine::ArmLocked(absl::string_view request_id, Record& rec) {
+  const absl::Time due = DueLocked(rec);
+  if (due == absl::InfiniteFuture() || due >= rec.armed) return;
+  rec.armed = due;
+  timers_.push_back(Timer{due, std::string(request_id)});
+  std::push_heap(timers_.begin(), timers_.end(), Later<Timer>);
+}
+
 std::vector<Transition> RequestStateMachine::ExpireDeadlines(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  // Every timer due by now leaves the heap; its records are then looked at
+  // in request id order, each once.
+  std::vector<std::string> due;
+  while (!timers_.empty() && timers_.front().due <= now) {
+    std::pop_heap(timers_.begin(), timers_.end(), Later<Timer>);
+    due.push_back(std::move(timers_.back().request_id));
+    timers_.pop_back();
+  }
+  std::sort(due.begin(), due.end());
+  due.erase(std::unique(due.begin(), due.end()), due.end());
   std::vector<Transition> out;
-  for (auto& [id, rec] : requests_) {
-    if (IsTerminal(rec.state)) continue;
+  for (const std::string& id : due) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || IsTerminal(it->second.state)) continue;
+    Record& rec = it->second;
+    // Its armed timer, if due, was among those just taken out.
+    if (rec.armed <= now) rec.armed = absl::InfiniteFuture();
     if (rec.spec.deadline <= now) {
       out.push_back(
           TerminateLocked(id, rec, RequestState::kFailed,
@@ -37,6 +83,8 @@ std::vector<Transition> RequestStateMachine::ExpireDeadlines(absl::Time now) {
           absl::ResourceExhaustedError(absl::StrCat(
               QueueTimeoutMessage(options_.queue_timeout), " (request '", id,
               "', attempt ", rec.attempt, ")"))));
+    } else {
+      ArmLocked(id, rec);
     }
   }
   return out;

@@ -191,5 +191,41 @@ TEST_F(RequestStateMachineAttemptsTest, TransferTimeoutAndDeadlines) {
   ExpectClean();
 }
 
+// The sweep looks only at due timers; those of requests that ended leave
+// the heap at their due time, so it does not grow with finished requests,
+// and a live request's later timer is armed when its earlier one passed.
+TEST_F(RequestStateMachineAttemptsTest,
+       TimersOfEndedRequestsLeaveAtTheirDueTime) {
+  Make({.queue_timeout = absl::Seconds(10),
+        .transfer_timeout = absl::Seconds(5)});
+  const absl::Time t0 = clock_.Now();
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = absl::StrCat("r", i);
+    ASSERT_TRUE(
+        sm_->Admit(id, RequestSpec{10, 10, t0 + absl::Seconds(30)}).ok());
+    ASSERT_NO_FATAL_FAILURE(Drive(id, State::kTransferring, kP, kD));
+  }
+  // Each armed its queue timer at admission (earlier than its deadline) and
+  // its transfer timer at its first token.
+  EXPECT_EQ(sm_->pending_timers(), 200);
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = absl::StrCat("r", i);
+    ASSERT_TRUE(sm_->OnHandoff(id).ok());
+    if (i == 0) continue;  // r0 keeps decoding
+    ASSERT_TRUE(sm_->OnFinished(id).ok());
+    ASSERT_TRUE(sm_->Forget(id).ok());
+  }
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_THAT(sm_->ExpireDeadlines(clock_.Now()), IsEmpty());
+  EXPECT_EQ(sm_->pending_timers(), 1);  // r0's deadline, armed now
+  clock_.Advance(absl::Seconds(20));
+  std::vector<Transition> ts = sm_->ExpireDeadlines(clock_.Now());
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].request_id, "r0");
+  EXPECT_EQ(ts[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(sm_->pending_timers(), 0);
+  ExpectClean();
+}
+
 }  // namespace
 }  // namespace baton::coordinator::testing
