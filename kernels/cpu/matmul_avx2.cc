@@ -1,14 +1,16 @@
-// AVX2 MatMul kernels: tiles of up to 2 rows x 4 tokens, one weight block per
-// 256-bit maddubs/madd, the 16 accumulator lanes held as two 8-lane halves.
+// AVX2 MatMul kernels: quantized weights in tiles of up to 2 rows x 4
+// tokens (f32/f16 weights: 2 x 2), one weight block per 256-bit
+// maddubs/madd, the 16 accumulator lanes held as two 8-lane halves.
 // Reduction order: see matmul_kernels.h.
 //
 // Lanes 0-7 take the even blocks and lanes 8-15 the odd ones, so a tile of
 // more than four outputs sums the even blocks first and then the odd ones:
 // each lane still sees its blocks in order (the same bits), and only one
-// half of the accumulators, R x T registers, is live at a time. Sixteen
-// (two halves of 2 x 4) would not fit AVX2's sixteen registers beside the
-// weights and activations; eight leave room, and each weight block unpacked
-// serves four tokens instead of two.
+// half of the accumulators, R x T registers, is in use at a time (the even
+// half waits in memory during the odd pass). Sixteen (two halves of 2 x 4)
+// would not fit AVX2's sixteen registers beside the weights and
+// activations; eight leave room, and each weight block unpacked serves four
+// tokens instead of two.
 #include "kernels/cpu/matmul_halfs.h"
 #include "kernels/cpu/matmul_kernels.h"
 
