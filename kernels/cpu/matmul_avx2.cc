@@ -1,6 +1,16 @@
-// AVX2 MatMul kernels: tiles of up to 2 rows x 2 tokens, one weight block per
-// 256-bit maddubs/madd, the 16 accumulator lanes held as two 8-lane halves.
+// AVX2 MatMul kernels: quantized weights in tiles of up to 2 rows x 4
+// tokens (f32/f16 weights: 2 x 2), one weight block per 256-bit
+// maddubs/madd, the 16 accumulator lanes held as two 8-lane halves.
 // Reduction order: see matmul_kernels.h.
+//
+// Lanes 0-7 take the even blocks and lanes 8-15 the odd ones, so a tile of
+// more than four outputs sums the even blocks first and then the odd ones:
+// each lane still sees its blocks in order (the same bits), and only one
+// half of the accumulators, R x T registers, is in use at a time (the even
+// half waits in memory during the odd pass). Sixteen (two halves of 2 x 4)
+// would not fit AVX2's sixteen registers beside the weights and
+// activations; eight leave room, and each weight block unpacked serves four
+// tokens instead of two.
 #include "kernels/cpu/matmul_halfs.h"
 #include "kernels/cpu/matmul_kernels.h"
 
@@ -28,7 +38,7 @@ namespace {
 #define BATON_UNROLL _Pragma("GCC unroll 16")
 
 constexpr int kTileRows = 2;
-constexpr int kTileTokens = 2;
+constexpr int kTileTokens = 4;
 
 // Hsum16 of the lanes (lo[0..7], hi[0..7]).
 BATON_AVX2 inline float Hsum(__m256 lo, __m256 hi) {
@@ -96,7 +106,44 @@ struct TileCtx {
   int64_t ldy;
 };
 
-// kMode as in Prep; kQsOffset is where the codes start inside a block.
+// Block b of rows [0, R) times tokens [t0, t0 + T), into acc[r][t]. kMode
+// as in Prep; kQsOffset is where the codes start inside a block.
+template <int kBlockBytes, int kQsOffset, int kMode, int R, int T>
+BATON_AVX2 inline void AddBlock(const TileCtx& c, const uint8_t* w,
+                                const float* d, int64_t t0, int64_t b,
+                                __m256 (&acc)[R][T]) {
+  const int64_t nb = c.nb;
+  __m256i wv[R];
+  __m256 dw[R];
+  BATON_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* qs = w + r * c.row_bytes + b * kBlockBytes + kQsOffset;
+    if constexpr (kMode == 2) {
+      wv[r] = LoadQ8(qs);
+    } else {
+      wv[r] = UnpackQ4(qs);
+    }
+    dw[r] = _mm256_set1_ps(d[r * nb + b]);
+  }
+  BATON_UNROLL
+  for (int t = 0; t < T; ++t) {
+    const __m256i av = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(c.x->quants(t0 + t) + b * 32));
+    const __m256 da = _mm256_set1_ps(c.x->scales(t0 + t)[b]);
+    BATON_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m256i s;
+      if constexpr (kMode == 2) {
+        s = Dot4(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(av, wv[r]));
+      } else {
+        s = Dot4(wv[r], av);
+      }
+      acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                                  _mm256_mul_ps(dw[r], da), acc[r][t]);
+    }
+  }
+}
+
 template <int kBlockBytes, int kQsOffset, int kMode, int R, int T>
 BATON_AVX2 void QuantTile(const TileCtx& c, const uint8_t* w, const float* d,
                           const float* mc, int64_t t0, float* y) {
@@ -106,36 +153,16 @@ BATON_AVX2 void QuantTile(const TileCtx& c, const uint8_t* w, const float* d,
   for (int h = 0; h < 2; ++h) BATON_UNROLL
   for (int r = 0; r < R; ++r) BATON_UNROLL
   for (int t = 0; t < T; ++t) acc[h][r][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const int h = static_cast<int>(b & 1);
-    __m256i wv[R];
-    __m256 dw[R];
-    BATON_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* qs = w + r * c.row_bytes + b * kBlockBytes + kQsOffset;
-      if constexpr (kMode == 2) {
-        wv[r] = LoadQ8(qs);
-      } else {
-        wv[r] = UnpackQ4(qs);
-      }
-      dw[r] = _mm256_set1_ps(d[r * nb + b]);
+  if constexpr (R * T <= 4) {
+    for (int64_t b = 0; b < nb; ++b) {
+      AddBlock<kBlockBytes, kQsOffset, kMode, R, T>(c, w, d, t0, b, acc[b & 1]);
     }
-    BATON_UNROLL
-    for (int t = 0; t < T; ++t) {
-      const __m256i av = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(c.x->quants(t0 + t) + b * 32));
-      const __m256 da = _mm256_set1_ps(c.x->scales(t0 + t)[b]);
-      BATON_UNROLL
-      for (int r = 0; r < R; ++r) {
-        __m256i s;
-        if constexpr (kMode == 2) {
-          s = Dot4(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(av, wv[r]));
-        } else {
-          s = Dot4(wv[r], av);
-        }
-        acc[h][r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-                                       _mm256_mul_ps(dw[r], da), acc[h][r][t]);
-      }
+  } else {
+    for (int64_t b = 0; b < nb; b += 2) {
+      AddBlock<kBlockBytes, kQsOffset, kMode, R, T>(c, w, d, t0, b, acc[0]);
+    }
+    for (int64_t b = 1; b < nb; b += 2) {
+      AddBlock<kBlockBytes, kQsOffset, kMode, R, T>(c, w, d, t0, b, acc[1]);
     }
   }
   BATON_UNROLL
@@ -192,15 +219,21 @@ BATON_AVX2 void Q8_0Tile(const TileCtx& c, const uint8_t* w, const float* d,
   QuantTile<kQ8_0BlockBytes, 2, 2, R, T>(c, w, d, mc, t0, y);
 }
 
-#define BATON_TILE_TABLE(F)                      \
-  {                                              \
-    {&F<1, 1>, &F<1, 2>}, { &F<2, 1>, &F<2, 2> } \
+#define BATON_TILE_TABLE(F)                     \
+  {                                             \
+    {&F<1, 1>, &F<1, 2>, &F<1, 3>, &F<1, 4>}, { \
+      &F<2, 1>, &F<2, 2>, &F<2, 3>, &F<2, 4>    \
+    }                                           \
   }
-constexpr TileFn kQ4_0Tiles[2][2] = BATON_TILE_TABLE(Q4_0Tile);
-constexpr TileFn kQ4_1Tiles[2][2] = BATON_TILE_TABLE(Q4_1Tile);
-constexpr TileFn kQ8_0Tiles[2][2] = BATON_TILE_TABLE(Q8_0Tile);
+constexpr TileFn kQ4_0Tiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q4_0Tile);
+constexpr TileFn kQ4_1Tiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q4_1Tile);
+constexpr TileFn kQ8_0Tiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q8_0Tile);
 
-void QuantRows(const QuantArgs& a, const TileFn (&tiles)[2][2], PrepFn prep) {
+void QuantRows(const QuantArgs& a,
+               const TileFn (&tiles)[kTileRows][kTileTokens], PrepFn prep) {
   const int64_t nb = a.x->blocks_per_token();
   thread_local std::vector<float> scratch;
   scratch.resize(2 * kTileRows * nb);
@@ -280,16 +313,24 @@ template <int R, int T>
 BATON_AVX2 void F16Tile(const FloatArgs& a, int64_t r0, int64_t t0) {
   FloatTile<true, R, T>(a, r0, t0);
 }
-constexpr FloatTileFn kF32Tiles[2][2] = BATON_TILE_TABLE(F32Tile);
-constexpr FloatTileFn kF16Tiles[2][2] = BATON_TILE_TABLE(F16Tile);
+#define BATON_FLOAT_TILE_TABLE(F)                \
+  {                                              \
+    {&F<1, 1>, &F<1, 2>}, { &F<2, 1>, &F<2, 2> } \
+  }
+constexpr int kFloatTileTokens = 2;
+constexpr FloatTileFn kF32Tiles[kTileRows][kFloatTileTokens] =
+    BATON_FLOAT_TILE_TABLE(F32Tile);
+constexpr FloatTileFn kF16Tiles[kTileRows][kFloatTileTokens] =
+    BATON_FLOAT_TILE_TABLE(F16Tile);
 
-void FloatRows(const FloatArgs& a, const FloatTileFn (&tiles)[2][2]) {
+void FloatRows(const FloatArgs& a,
+               const FloatTileFn (&tiles)[kTileRows][kFloatTileTokens]) {
   for (int64_t r0 = 0; r0 < a.nrows; r0 += kTileRows) {
     const int rows =
         static_cast<int>(std::min<int64_t>(kTileRows, a.nrows - r0));
-    for (int64_t t0 = a.t_begin; t0 < a.t_end; t0 += kTileTokens) {
+    for (int64_t t0 = a.t_begin; t0 < a.t_end; t0 += kFloatTileTokens) {
       const int toks =
-          static_cast<int>(std::min<int64_t>(kTileTokens, a.t_end - t0));
+          static_cast<int>(std::min<int64_t>(kFloatTileTokens, a.t_end - t0));
       tiles[rows - 1][toks - 1](a, r0, t0);
     }
   }
