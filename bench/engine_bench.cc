@@ -9,7 +9,13 @@
 //   - for each prompt length, the rate of the model's own linear layers
 //     alone (the quantized GEMM kernels on its matrices, that many tokens,
 //     random inputs), and prefill's linear FLOPs per second as a share of
-//     it: what attention, norms, RoPE and scheduling cost on top.
+//     it: what attention, norms, RoPE and scheduling cost on top;
+//   - for each decode batch above 1, the tokens/s a decode step's matmuls
+//     alone allow at that batch (every layer's matrices and the output
+//     projection): the bound batching meets once the weights are no longer
+//     the bottleneck;
+//   - with several thread counts (--threads=1,2), a table each and the
+//     speedup of the last count over the first.
 //
 //   build/bin/engine_bench --model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 #include <algorithm>
@@ -34,7 +40,9 @@
 #include "worker/engine/engine.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the default model)");
-ABSL_FLAG(int, threads, 0, "compute threads; 0 = all cores");
+ABSL_FLAG(std::string, threads, "0",
+          "compute thread counts, comma-separated (1,2: a table each and the "
+          "speedup); 0 = all cores");
 ABSL_FLAG(std::string, batches, "1,8,32", "decode batch sizes");
 ABSL_FLAG(std::string, prompt_lens, "128,1024", "prefill prompt lengths");
 ABSL_FLAG(int, decode_tokens, 64, "decode steps measured per batch");
@@ -141,15 +149,19 @@ double LinearMacsPerToken(const ModelWeights& w) {
   return macs;
 }
 
-// GFLOP/s of the model's linear layers at `tokens` tokens: the GEMM kernels
-// alone, best of `reps`.
-double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
-                    int reps) {
-  int64_t widest = 0;
+// Best seconds of `tokens` tokens through every layer's linear matrices
+// (and the output projection when `with_output`): the GEMM kernels alone,
+// random inputs, best of `reps`. 0 on an error.
+double MatmulSeconds(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
+                     int reps, bool with_output) {
+  std::vector<const TensorView*> matrices;
   for (const LayerWeights& l : w.layers()) {
-    for (const TensorView* m : LinearMatrices(l)) {
-      widest = std::max({widest, m->shape[0], m->shape[1]});
-    }
+    for (const TensorView* m : LinearMatrices(l)) matrices.push_back(m);
+  }
+  if (with_output) matrices.push_back(&w.output());
+  int64_t widest = 0;
+  for (const TensorView* m : matrices) {
+    widest = std::max({widest, m->shape[0], m->shape[1]});
   }
   std::vector<float> x(static_cast<size_t>(tokens * widest));
   for (size_t i = 0; i < x.size(); ++i) {
@@ -161,22 +173,169 @@ double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
   double best = 1e30;
   for (int r = 0; r < std::max(2, reps); ++r) {
     const auto start = Clock::now();
-    for (const LayerWeights& l : w.layers()) {
-      for (const TensorView* m : LinearMatrices(l)) {
-        if (!MatMul(*m, x.data(), tokens, y.data(), pool, {}).ok()) return 0;
-      }
+    for (const TensorView* m : matrices) {
+      if (!MatMul(*m, x.data(), tokens, y.data(), pool, {}).ok()) return 0;
     }
     best = std::min(best, Seconds(Clock::now() - start).count());
   }
-  return 2 * LinearMacsPerToken(w) * static_cast<double>(tokens) / best / 1e9;
+  return best;
+}
+
+// GFLOP/s of the model's linear layers at `tokens` tokens.
+double LinearGflops(const ModelWeights& w, ThreadPool* pool, int64_t tokens,
+                    int reps) {
+  const double s = MatmulSeconds(w, pool, tokens, reps, false);
+  return s > 0
+             ? 2 * LinearMacsPerToken(w) * static_cast<double>(tokens) / s / 1e9
+             : 0;
+}
+
+// Decode tokens/s that a step's matmuls alone allow at batch `batch`.
+double DecodeMatmulBound(const ModelWeights& w, ThreadPool* pool, int batch,
+                         int reps) {
+  const double s = MatmulSeconds(w, pool, batch, reps, true);
+  return s > 0 ? batch / s : 0;
+}
+
+// One thread count's figures. Rates in tokens/s; llama.cpp's 0 when not
+// measured.
+struct Row {
+  int size = 0;        // batch or prompt length
+  double baton = 0;    // Baton
+  double llama = 0;    // llama.cpp, same file and threads
+  double matmuls = 0;  // decode: tokens/s its matmuls allow at this batch;
+                       // prefill: GFLOP/s of the linear layers alone
+};
+struct Figures {
+  int threads = 0;
+  std::vector<Row> decode, prefill;
+};
+
+// Thread counts from "1,2" (0 = all cores); false on a bad entry.
+bool ParseThreads(const std::string& s, std::vector<int>* out) {
+  for (absl::string_view v : absl::StrSplit(s, ',')) {
+    int x;
+    if (!absl::SimpleAtoi(v, &x) || x < 0 || x > 1024) return false;
+    out->push_back(
+        x > 0 ? x : static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  return !out->empty();
+}
+
+// llama.cpp's figures at `threads` (bench/llama_cpp_bench.py), or null.
+nlohmann::json LlamaCpp(const std::string& model, int threads, int reps,
+                        int decode_tokens) {
+  auto out = testing::RunCommand(
+      testing::PythonPath() + " " + testing::SourceDir() +
+      "/bench/llama_cpp_bench.py --model " + model + " --threads " +
+      std::to_string(threads) + " --batches " + absl::GetFlag(FLAGS_batches) +
+      " --prompt_lens " + absl::GetFlag(FLAGS_prompt_lens) +
+      " --decode_tokens " + std::to_string(decode_tokens) + " --reps " +
+      std::to_string(reps));
+  if (!out.ok()) {
+    std::fprintf(stderr, "llama.cpp run failed: %s\n",
+                 out.status().ToString().c_str());
+    return nullptr;
+  }
+  return nlohmann::json::parse(*out, nullptr, false);
+}
+
+Figures Measure(const ModelWeights& w, const Tokenizer& t,
+                const std::string& model, int threads, int reps,
+                int decode_tokens) {
+  Figures f;
+  f.threads = threads;
+  nlohmann::json llama;
+  if (absl::GetFlag(FLAGS_llama_cpp)) {
+    llama = LlamaCpp(model, threads, reps, decode_tokens);
+  }
+  auto llama_rate = [&](const char* kind, int key) -> double {
+    if (!llama.is_object() || !llama.contains(kind)) return 0;
+    auto it = llama[kind].find(std::to_string(key));
+    return it == llama[kind].end() ? 0 : it->get<double>();
+  };
+  ThreadPoolOptions po;
+  po.num_threads = threads;
+  auto pool = ThreadPool::Create(po);
+  for (int b : ParseList(absl::GetFlag(FLAGS_batches))) {
+    Row r{b, 0, llama_rate("decode", b), 0};
+    for (int i = 0; i < reps; ++i) {
+      r.baton = std::max(r.baton, DecodeRate(w, t, threads, b, decode_tokens));
+    }
+    if (b > 1) r.matmuls = DecodeMatmulBound(w, pool->get(), b, reps);
+    f.decode.push_back(r);
+  }
+  for (int n : ParseList(absl::GetFlag(FLAGS_prompt_lens))) {
+    Row r{n, 0, llama_rate("prefill", n), 0};
+    for (int i = 0; i < reps; ++i) {
+      r.baton = std::max(r.baton, PrefillRate(w, t, threads, n));
+    }
+    r.matmuls = LinearGflops(w, pool->get(), n, reps);
+    f.prefill.push_back(r);
+  }
+  return f;
+}
+
+void PrintTable(const Figures& f, double macs, double ceiling) {
+  std::printf("\nthreads: %d\n", f.threads);
+  std::printf("%-22s %12s %12s %8s %10s\n", "", "Baton tok/s", "llama.cpp",
+              "ratio", "ceiling %");
+  std::printf("%-22s %12s %12s %8s %10s\n", "", "", "", "", "GEMM peak %");
+  double batch1 = 0;
+  for (const Row& r : f.decode) {
+    if (r.size == 1) batch1 = r.baton;
+    std::printf("%-22s %12.1f %12.1f %8.2f %9.0f%%",
+                ("decode, batch " + std::to_string(r.size)).c_str(), r.baton,
+                r.llama, r.llama > 0 ? r.baton / r.llama : 0,
+                100 * r.baton / r.size / ceiling);
+    if (r.size != 1 && batch1 > 0) {
+      std::printf("   %.2fx batch 1; its matmuls alone: %.1f tok/s (%.2fx)",
+                  r.baton / batch1, r.matmuls, r.matmuls / batch1);
+    }
+    std::printf("\n");
+  }
+  for (const Row& r : f.prefill) {
+    const double used = 2 * macs * r.baton / 1e9;
+    std::printf(
+        "%-22s %12.1f %12.1f %8.2f %9.0f%%   %.1f of %.1f GFLOP/s (linear "
+        "layers alone at %d tokens)\n",
+        ("prefill, " + std::to_string(r.size) + " tokens").c_str(), r.baton,
+        r.llama, r.llama > 0 ? r.baton / r.llama : 0,
+        r.matmuls > 0 ? 100 * used / r.matmuls : 0, used, r.matmuls, r.size);
+  }
+}
+
+// Last thread count over the first, row by row.
+void PrintSpeedup(const Figures& a, const Figures& b) {
+  std::printf("\nspeedup, %d threads over %d%s\n", b.threads, a.threads,
+              absl::GetFlag(FLAGS_llama_cpp) ? " (Baton, llama.cpp)" : "");
+  auto row = [](const std::string& name, const Row& x, const Row& y) {
+    std::printf("%-22s %7.2fx", name.c_str(),
+                x.baton > 0 ? y.baton / x.baton : 0);
+    if (x.llama > 0) std::printf(" %7.2fx", y.llama / x.llama);
+    std::printf("\n");
+  };
+  for (size_t i = 0; i < a.decode.size() && i < b.decode.size(); ++i) {
+    row("decode, batch " + std::to_string(a.decode[i].size), a.decode[i],
+        b.decode[i]);
+  }
+  for (size_t i = 0; i < a.prefill.size() && i < b.prefill.size(); ++i) {
+    row("prefill, " + std::to_string(a.prefill[i].size) + " tokens",
+        a.prefill[i], b.prefill[i]);
+  }
 }
 
 int Main() {
   std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) model = testing::DefaultModelPath();
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads <= 0)
-    threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<int> thread_counts;
+  if (!ParseThreads(absl::GetFlag(FLAGS_threads), &thread_counts)) {
+    std::fprintf(stderr,
+                 "engine_bench: --threads=%s: expected thread counts from 0 "
+                 "(all cores) to 1024, comma-separated\n",
+                 absl::GetFlag(FLAGS_threads).c_str());
+    return 1;
+  }
   const int reps = absl::GetFlag(FLAGS_reps);
   const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   auto weights = ModelWeights::Open(model);
@@ -201,89 +360,35 @@ int Main() {
       "avx512vl %d avx512vnni %d\n",
       CpuModelName().c_str(), f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw,
       f.avx512vl, f.avx512vnni);
-  std::printf("threads: %d, kernel path: %s\n", threads,
+  std::printf("kernel path: %s\n",
               std::string(CpuIsaName(BestCpuIsa())).c_str());
 
   ThreadPoolOptions po;
-  po.num_threads = threads;
+  po.num_threads =
+      *std::max_element(thread_counts.begin(), thread_counts.end());
   auto pool = ThreadPool::Create(po);
   // This machine's bandwidth varies run to run (shared host): measured
   // before and after the engine runs; the higher figure sets the ceiling.
   const double bw_before = bench::ReadBandwidthGBs(pool->get(), 5);
-  // Per decode step: every matrix once, one embedding row, and (negligible
-  // at these lengths) the KV cache.
-  const double step_bytes = static_cast<double>((*weights)->matrix_bytes());
-  nlohmann::json llama;
-  if (absl::GetFlag(FLAGS_llama_cpp)) {
-    auto out = testing::RunCommand(
-        testing::PythonPath() + " " + testing::SourceDir() +
-        "/bench/llama_cpp_bench.py --model " + model + " --threads " +
-        std::to_string(threads) + " --batches " + absl::GetFlag(FLAGS_batches) +
-        " --prompt_lens " + absl::GetFlag(FLAGS_prompt_lens) +
-        " --decode_tokens " + std::to_string(decode_tokens) + " --reps " +
-        std::to_string(reps));
-    if (out.ok()) {
-      llama = nlohmann::json::parse(*out, nullptr, false);
-    } else {
-      std::fprintf(stderr, "llama.cpp run failed: %s\n",
-                   out.status().ToString().c_str());
-    }
-  }
-  auto llama_rate = [&](const char* kind, int key) -> double {
-    if (!llama.is_object() || !llama.contains(kind)) return 0;
-    auto it = llama[kind].find(std::to_string(key));
-    return it == llama[kind].end() ? 0 : it->get<double>();
-  };
-
-  std::vector<std::pair<int, double>> decode, prefill;
-  for (int b : ParseList(absl::GetFlag(FLAGS_batches))) {
-    double best = 0;
-    for (int r = 0; r < reps; ++r) {
-      best = std::max(
-          best, DecodeRate(**weights, **tokenizer, threads, b, decode_tokens));
-    }
-    decode.push_back({b, best});
-  }
-  for (int n : ParseList(absl::GetFlag(FLAGS_prompt_lens))) {
-    double best = 0;
-    for (int r = 0; r < reps; ++r) {
-      best = std::max(best, PrefillRate(**weights, **tokenizer, threads, n));
-    }
-    prefill.push_back({n, best});
+  std::vector<Figures> figures;
+  for (int threads : thread_counts) {
+    figures.push_back(
+        Measure(**weights, **tokenizer, model, threads, reps, decode_tokens));
   }
   const double bw_after = bench::ReadBandwidthGBs(pool->get(), 5);
   const double bw = std::max(bw_before, bw_after);
+  // Per decode step: every matrix once, one embedding row, and (negligible
+  // at these lengths) the KV cache.
+  const double step_bytes = static_cast<double>((*weights)->matrix_bytes());
   const double ceiling = bw * 1e9 / step_bytes;
   std::printf(
-      "memory read bandwidth: %.1f GB/s before, %.1f GB/s after the runs; "
-      "bytes per decode step %.1f MiB; decode ceiling %.0f tokens/s\n",
-      bw_before, bw_after, step_bytes / 1048576.0, ceiling);
-
-  std::printf("\n%-22s %12s %12s %8s %10s\n", "", "Baton tok/s", "llama.cpp",
-              "ratio", "ceiling %");
-  std::printf("%-22s %12s %12s %8s %10s\n", "", "", "", "", "GEMM peak %");
-  double batch1 = 0;
-  for (const auto& [b, best] : decode) {
-    if (b == 1) batch1 = best;
-    const double ref = llama_rate("decode", b);
-    std::printf("%-22s %12.1f %12.1f %8.2f %9.0f%%",
-                ("decode, batch " + std::to_string(b)).c_str(), best, ref,
-                ref > 0 ? best / ref : 0, 100 * best / b / ceiling);
-    if (b != 1 && batch1 > 0) std::printf("   %.2fx batch 1", best / batch1);
-    std::printf("\n");
-  }
+      "memory read bandwidth (%d threads): %.1f GB/s before, %.1f GB/s after "
+      "the runs; bytes per decode step %.1f MiB; decode ceiling %.0f "
+      "tokens/s\n",
+      po.num_threads, bw_before, bw_after, step_bytes / 1048576.0, ceiling);
   const double macs = LinearMacsPerToken(**weights);
-  for (const auto& [n, best] : prefill) {
-    const double ref = llama_rate("prefill", n);
-    const double gemm = LinearGflops(**weights, pool->get(), n, reps);
-    const double used = 2 * macs * best / 1e9;
-    std::printf(
-        "%-22s %12.1f %12.1f %8.2f %9.0f%%   %.1f of %.1f GFLOP/s (linear "
-        "layers alone at %d tokens)\n",
-        ("prefill, " + std::to_string(n) + " tokens").c_str(), best, ref,
-        ref > 0 ? best / ref : 0, gemm > 0 ? 100 * used / gemm : 0, used, gemm,
-        n);
-  }
+  for (const Figures& fig : figures) PrintTable(fig, macs, ceiling);
+  if (figures.size() > 1) PrintSpeedup(figures.front(), figures.back());
   return 0;
 }
 
