@@ -86,6 +86,11 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
   const int group = static_cast<int>(shape.num_heads / kv.num_kv_heads);
   BATON_CHECK_LE(group, kMaxGroup);
   const int64_t d = kv.head_dim;
+  const int64_t row = shape.num_heads * d;
+  BATON_CHECK(shape.query_stride == 0 || shape.query_stride >= row)
+      << "PagedAttention: query_stride " << shape.query_stride
+      << " is below num_heads * head_dim = " << row;
+  const int64_t stride = shape.query_stride > 0 ? shape.query_stride : row;
   const int64_t max_keys = start_pos + num_queries;
   BATON_CHECK_LE((max_keys + kv.block_size - 1) / kv.block_size,
                  static_cast<int64_t>(kv.k_blocks.size()));
@@ -114,8 +119,8 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
         for (int64_t i = i0; i < i0 + queries; ++i) {
           for (int h = 0; h < group; ++h, ++rows) {
             const int64_t head = g * group + h;
-            qh[rows] = q + (i * shape.num_heads + head) * d;
-            oh[rows] = out + (i * shape.num_heads + head) * d;
+            qh[rows] = q + i * stride + head * d;
+            oh[rows] = out + i * stride + head * d;
             n_keys[rows] = start_pos + i + 1;
           }
         }
@@ -128,8 +133,8 @@ void PagedAttention(const float* q, int64_t num_queries, int64_t start_pos,
     for (int64_t g = 0; g < kv.num_kv_heads; ++g) {
       for (int h = 0; h < group; ++h) {
         const int64_t head = g * group + h;
-        qh[h] = q + (i * shape.num_heads + head) * d;
-        oh[h] = out + (i * shape.num_heads + head) * d;
+        qh[h] = q + i * stride + head * d;
+        oh[h] = out + i * stride + head * d;
       }
       GroupScalar(qh, oh, group, start_pos + i + 1, kv, g, shape.scale, scores);
     }

@@ -25,12 +25,22 @@ struct PagedKvView {
 struct AttentionShape {
   int64_t num_heads = 0;  // query heads; a multiple of kv.num_kv_heads
   float scale = 1.0f;     // usually 1 / sqrt(head_dim)
+  // Floats from one query's row to the next in q and out; 0: num_heads *
+  // head_dim (dense). Lets a caller pass one KV head's slice of a wider
+  // [tokens][all heads][head_dim] layout.
+  int64_t query_stride = 0;
 };
+
+// The SIMD paths read each K and V row once for the heads of up to this
+// many consecutive queries: callers that split a prefill chunk's queries
+// across threads keep runs of this many together.
+inline constexpr int64_t kAttentionQueryTile = 4;
 
 // For query i (0 <= i < num_queries) at position start_pos + i:
 //   out[i][h] = sum_j softmax_j(scale * q[i][h] . K[j][g]) V[j][g],
 //   j in [0, start_pos + i], g = h / (num_heads / num_kv_heads).
-// q, out: [num_queries][num_heads][head_dim] float. The cache must already
+// q, out: [num_queries][num_heads][head_dim] float, rows shape.query_stride
+// apart when that is set. The cache must already
 // hold positions up to start_pos + num_queries - 1. Each (query, head) output
 // is computed by the same arithmetic in the same order whatever num_queries
 // and start_pos split the work, so results are bit-identical across

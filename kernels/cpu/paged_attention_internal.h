@@ -14,7 +14,7 @@ namespace baton::attention_internal {
 constexpr int kMaxGroup = 16;  // query heads per KV head
 // The SIMD paths take the heads of up to kTileQueries queries at once (one
 // KV head's rows of a prefill chunk share every K and V row they read).
-constexpr int kTileQueries = 4;
+constexpr int kTileQueries = static_cast<int>(kAttentionQueryTile);
 constexpr int kMaxRows = kTileQueries * kMaxGroup;
 
 // The softmax's exp (exp_approx.h, degree 6): arguments are <= 0.

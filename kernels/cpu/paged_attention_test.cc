@@ -141,6 +141,44 @@ TEST_P(PagedAttentionTest, BitIdenticalAcrossChunkings) {
   }
 }
 
+// What the engine does: one KV head's slice of the queries
+// (shape.query_stride = every head's row), in runs of kAttentionQueryTile
+// queries, against a view of that head alone; the same bits as the dense
+// call over every head.
+TEST_P(PagedAttentionTest, KvHeadSlicesWithQueryStrideMatchTheDenseCall) {
+  const Shape p = GetParam();
+  TestCache cache(p.start + p.queries, p.kv_heads, p.head_dim, p.block_size, 4);
+  std::vector<float> q = RandomQueries(p.queries * p.heads * p.head_dim, 8);
+  const float scale = 1.0f / std::sqrt(float(p.head_dim));
+  const int64_t row = p.heads * p.head_dim;
+  const int64_t group = p.heads / p.kv_heads;
+  const int64_t head_elems = p.block_size * p.head_dim;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (!IsCpuIsaSupported(isa)) continue;
+    std::vector<float> dense(q.size());
+    PagedAttention(q.data(), p.queries, p.start, {p.heads, scale}, cache.View(),
+                   dense.data(), isa);
+    std::vector<float> sliced(q.size(), NAN);
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      std::vector<const uint16_t*> k, v;
+      for (size_t b = 0; b < cache.k.size(); ++b) {
+        k.push_back(cache.k[b] + g * head_elems);
+        v.push_back(cache.v[b] + g * head_elems);
+      }
+      const PagedKvView view{k, v, p.block_size, 1, p.head_dim};
+      for (int64_t i = 0; i < p.queries; i += kAttentionQueryTile) {
+        const int64_t n = std::min(kAttentionQueryTile, p.queries - i);
+        const int64_t offset = i * row + g * group * p.head_dim;
+        PagedAttention(q.data() + offset, n, p.start + i, {group, scale, row},
+                       view, sliced.data() + offset, isa);
+      }
+    }
+    ASSERT_EQ(0, std::memcmp(dense.data(), sliced.data(),
+                             dense.size() * sizeof(float)))
+        << CpuIsaName(isa);
+  }
+}
+
 // Every path this CPU has gives the scalar path's bits (head_dim a multiple
 // of 16: one score order for all; other head dims run the scalar path on
 // every ISA), so a request keeps its tokens across hosts with different CPUs.

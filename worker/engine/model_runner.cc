@@ -218,7 +218,8 @@ void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
   AttentionShape shape{c.num_heads,
                        static_cast<float>(1.0 / std::sqrt(double(c.head_dim)))};
   // Each item's block pointers for this layer, per KV head: attention runs
-  // per (token, KV head) so that even one decode token splits across threads.
+  // per (run of tokens, KV head) so that even one decode token splits across
+  // threads.
   const int64_t kvh = c.num_kv_heads;
   const int64_t group = c.num_heads / kvh;
   const uint64_t head_elems = layer.head_bytes / sizeof(uint16_t);
@@ -234,8 +235,24 @@ void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
       }
     }
   }
-  const AttentionShape group_shape{group, shape.scale};
-  const int64_t units = tokens_ * kvh;
+  // One KV head's slice of the [tokens][heads][head_dim] queries.
+  const AttentionShape group_shape{group, shape.scale, q_dim};
+  // Runs of up to kAttentionQueryTile consecutive positions of one item, so
+  // the kernel reads each K and V row once for all of a run's queries
+  // (a decode token is a run of one). The kernel computes each query the
+  // same way whatever run it is in: same bits for any split.
+  runs_.clear();
+  for (int64_t t = 0; t < tokens_;) {
+    int64_t n = 1;
+    while (n < kAttentionQueryTile && t + n < tokens_ &&
+           token_item_[t + n] == token_item_[t] &&
+           token_pos_[t + n] == token_pos_[t] + n) {
+      ++n;
+    }
+    runs_.push_back({t, n});
+    t += n;
+  }
+  const int64_t units = static_cast<int64_t>(runs_.size()) * kvh;
   // Causal work grows with position: each part takes every num_parts-th unit,
   // and threads claim parts as they free up.
   const int threads = pool_ != nullptr ? pool_->num_threads() : 1;
@@ -243,12 +260,13 @@ void ModelRunner::Attention(int64_t l, std::span<const ForwardItem> items) {
   auto work = [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
       for (int64_t u = part; u < units; u += num_parts) {
-        const int64_t t = u / kvh, g = u % kvh;
+        const auto [t, n] = runs_[u / kvh];
+        const int64_t g = u % kvh;
         const int64_t i = token_item_[t];
         PagedKvView kv{k_blocks[i * kvh + g], v_blocks[i * kvh + g],
                        layer.block_size, 1, c.head_dim};
         const int64_t offset = t * q_dim + g * group * c.head_dim;
-        PagedAttention(q_.data() + offset, 1, token_pos_[t], group_shape, kv,
+        PagedAttention(q_.data() + offset, n, token_pos_[t], group_shape, kv,
                        attn_.data() + offset, isa_);
       }
     }

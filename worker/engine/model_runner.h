@@ -86,6 +86,12 @@ class ModelRunner : public ForwardRunner {
   int64_t tokens_ = 0;
   std::vector<int64_t> token_item_;  // item index of each token
   std::vector<int64_t> token_pos_;   // position of each token
+  // Attention's runs of consecutive positions of one item: first token, count.
+  struct QueryRun {
+    int64_t first;
+    int64_t count;
+  };
+  std::vector<QueryRun> runs_;
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   MatMulInput input_;
 };
