@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -294,6 +295,10 @@ class RequestStateMachine {
   absl::Status Forget(absl::string_view request_id);
   // The load of every worker with some (by worker id).
   std::map<WorkerId, RequestLoad> Loads() const;
+  // Calls visit(worker, load) for each worker in Loads(), under the lock:
+  // no copy. `visit` must not call back into the state machine.
+  void VisitLoads(
+      absl::FunctionRef<void(const WorkerId&, const RequestLoad&)> visit) const;
   // Leases name attempt ids.
   std::vector<Lease> LiveLeases() const;
   std::vector<Lease> LiveLeasesOn(absl::string_view worker_id) const;

@@ -61,6 +61,12 @@ std::map<WorkerId, RequestLoad> RequestStateMachine::Loads() const {
   return loads_;
 }
 
+void RequestStateMachine::VisitLoads(
+    absl::FunctionRef<void(const WorkerId&, const RequestLoad&)> visit) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [worker, load] : loads_) visit(worker, load);
+}
+
 std::vector<Lease> RequestStateMachine::LiveLeases() const {
   absl::MutexLock lock(&mu_);
   return ledger_.Live();

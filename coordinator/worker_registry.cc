@@ -342,6 +342,24 @@ std::vector<WorkerInfo> WorkerRegistry::List() const {
   return out;
 }
 
+std::vector<WorkerInfo> WorkerRegistry::ListWithoutLeases() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerInfo> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, info] : workers_) {
+    WorkerInfo& copy = out.emplace_back();
+    copy.ref = info.ref;
+    copy.registration = info.registration;
+    copy.health = info.health;
+    copy.load = info.load;
+    copy.last_heartbeat = info.last_heartbeat;
+    copy.last_activity = info.last_activity;
+    copy.last_progress = info.last_progress;
+    copy.engine_stalled = info.engine_stalled;
+  }
+  return out;
+}
+
 absl::StatusOr<WorkerInfo> WorkerRegistry::Get(absl::string_view id) const {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);

@@ -84,6 +84,8 @@ struct WorkerRegistration {
 };
 
 // The registry's view of one worker (current incarnation).
+// (WorkerRegistry::ListWithoutLeases copies each field but
+// leased_request_ids by name: a new field goes there too.)
 struct WorkerInfo {
   WorkerRef ref;
   WorkerRegistration registration;
@@ -167,6 +169,9 @@ class WorkerRegistry {
   // Every worker's current incarnation (DOWN ones included), by id. Health
   // is as of the last Tick / Heartbeat.
   std::vector<WorkerInfo> List() const;
+  // As List, without each worker's leased_request_ids (empty): what routing
+  // reads for every request, so it copies no string per request held.
+  std::vector<WorkerInfo> ListWithoutLeases() const;
   // NotFound for an unknown id.
   absl::StatusOr<WorkerInfo> Get(absl::string_view id) const;
 

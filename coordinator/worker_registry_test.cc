@@ -110,6 +110,15 @@ TEST_F(WorkerRegistryTest, HeartbeatRecordsLoadAndLeases) {
   WorkerInfo info = *registry_->Get(w.id);
   EXPECT_EQ(info.load, load);
   EXPECT_THAT(info.leased_request_ids, ElementsAre("r1", "r2"));
+  // Routing's copy: everything but the leases.
+  const std::vector<WorkerInfo> routing = registry_->ListWithoutLeases();
+  ASSERT_EQ(routing.size(), 1u);
+  EXPECT_EQ(routing[0].ref, w);
+  EXPECT_EQ(routing[0].load, load);
+  EXPECT_EQ(routing[0].registration.address, info.registration.address);
+  EXPECT_EQ(routing[0].health, info.health);
+  EXPECT_EQ(routing[0].last_heartbeat, info.last_heartbeat);
+  EXPECT_THAT(routing[0].leased_request_ids, IsEmpty());
 }
 
 TEST_F(WorkerRegistryTest, HeartbeatErrors) {

@@ -185,11 +185,23 @@ std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
 }
 
 Candidates Cluster::RoutingCandidates() const {
-  Candidates candidates = registry_->List();
-  const std::map<WorkerId, RequestLoad> loads = requests_.Loads();
-  for (WorkerInfo& w : candidates) {
-    const auto it = loads.find(w.ref.id);
-    const RequestLoad load = it != loads.end() ? it->second : RequestLoad{};
+  // Per request: no worker's leased ids and no copy of the loads' map.
+  Candidates candidates = registry_->ListWithoutLeases();
+  std::vector<RequestLoad> loads(candidates.size());
+  requests_.VisitLoads([&](const WorkerId& id, const RequestLoad& load) {
+    // Both are sorted by worker id (the registry's map and the loads').
+    const auto it =
+        std::lower_bound(candidates.begin(), candidates.end(), id,
+                         [](const WorkerInfo& w, const WorkerId& key) {
+                           return w.ref.id < key;
+                         });
+    if (it != candidates.end() && it->ref.id == id) {
+      loads[static_cast<size_t>(it - candidates.begin())] = load;
+    }
+  });
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    WorkerInfo& w = candidates[i];
+    const RequestLoad& load = loads[i];
     w.load.queued_prefill_tokens =
         std::max(w.load.queued_prefill_tokens, load.prefill_tokens);
     if (CanDecode(w.registration.role)) {

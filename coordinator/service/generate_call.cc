@@ -329,7 +329,9 @@ async::Task<absl::Status> GenerateCall::Serve() {
   decode->Start();
   async::AbandonOnExit decode_guard(decode.get());
 
-  while (co_await prefill->Read(&message)) {
+  // Both loops below forward what they read without blocking: they resume
+  // on gRPC's thread (ReadInline), not through the executor.
+  while (co_await prefill->ReadInline(&message)) {
     if (message.has_handoff()) handoff_ = message.handoff();
   }
   prefill_guard.Release();
@@ -347,7 +349,7 @@ async::Task<absl::Status> GenerateCall::Serve() {
   v1::DecodeResponse response;
   v1::DecodeResult result;
   bool have_result = false;
-  while (co_await decode->Read(&response)) {
+  while (co_await decode->ReadInline(&response)) {
     if (response.token_ids_size() > 0 || !response.text().empty()) {
       v1::GenerateResponse out;
       out.mutable_token_ids()->CopyFrom(response.token_ids());
