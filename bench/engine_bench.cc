@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, prompt_lens, "128,1024", "prefill prompt lengths");
 ABSL_FLAG(int, decode_tokens, 64, "decode steps measured per batch");
 ABSL_FLAG(int, reps, 3, "repetitions; the best is reported");
 ABSL_FLAG(bool, llama_cpp, true, "also measure llama.cpp (llama-cpp-python)");
+ABSL_FLAG(bool, repack, true,
+          "repack Q4_K, Q6_K and Q5_0 matrices for the quantized kernels; "
+          "false loads them as f32 (as before the repacked layouts), an A/B");
 
 namespace baton {
 namespace {
@@ -338,7 +341,9 @@ int Main() {
   }
   const int reps = absl::GetFlag(FLAGS_reps);
   const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
-  auto weights = ModelWeights::Open(model);
+  ModelWeightsOptions load;
+  load.repack = absl::GetFlag(FLAGS_repack);
+  auto weights = ModelWeights::Open(model, load);
   if (!weights.ok()) {
     std::fprintf(stderr, "engine_bench: %s\n",
                  weights.status().ToString().c_str());
@@ -351,9 +356,12 @@ int Main() {
     return 1;
   }
   const ModelConfig& c = (*weights)->config();
-  std::printf("model: %s (%s, %lld layers, hidden %lld)\n", model.c_str(),
-              c.name.c_str(), (long long)c.num_layers,
-              (long long)c.hidden_size);
+  std::printf(
+      "model: %s (%s, %lld layers, hidden %lld); matrices %.1f MiB as loaded "
+      "(Q4_K, Q6_K, Q5_0 %s)\n",
+      model.c_str(), c.name.c_str(), (long long)c.num_layers,
+      (long long)c.hidden_size, (*weights)->matrix_bytes() / 1048576.0,
+      load.repack ? "repacked" : "as f32");
   const CpuFeatures& f = GetCpuFeatures();
   std::printf(
       "CPU: %s; detected: avx2 %d fma %d f16c %d avx512f %d avx512bw %d "

@@ -11,17 +11,30 @@
 namespace baton {
 namespace {
 
-constexpr std::array<DTypeInfo, 20> kDTypes = {{
-    {DType::kF32, "F32", 1, 4},       {DType::kF16, "F16", 1, 2},
-    {DType::kQ4_0, "Q4_0", 32, 18},   {DType::kQ4_1, "Q4_1", 32, 20},
-    {DType::kQ5_0, "Q5_0", 32, 22},   {DType::kQ5_1, "Q5_1", 32, 24},
-    {DType::kQ8_0, "Q8_0", 32, 34},   {DType::kQ8_1, "Q8_1", 32, 36},
-    {DType::kQ2_K, "Q2_K", 256, 84},  {DType::kQ3_K, "Q3_K", 256, 110},
-    {DType::kQ4_K, "Q4_K", 256, 144}, {DType::kQ5_K, "Q5_K", 256, 176},
-    {DType::kQ6_K, "Q6_K", 256, 210}, {DType::kQ8_K, "Q8_K", 256, 292},
-    {DType::kI8, "I8", 1, 1},         {DType::kI16, "I16", 1, 2},
-    {DType::kI32, "I32", 1, 4},       {DType::kI64, "I64", 1, 8},
-    {DType::kF64, "F64", 1, 8},       {DType::kBF16, "BF16", 1, 2},
+constexpr std::array<DTypeInfo, 23> kDTypes = {{
+    {DType::kF32, "F32", 1, 4},
+    {DType::kF16, "F16", 1, 2},
+    {DType::kQ4_0, "Q4_0", 32, 18},
+    {DType::kQ4_1, "Q4_1", 32, 20},
+    {DType::kQ5_0, "Q5_0", 32, 22},
+    {DType::kQ5_1, "Q5_1", 32, 24},
+    {DType::kQ8_0, "Q8_0", 32, 34},
+    {DType::kQ8_1, "Q8_1", 32, 36},
+    {DType::kQ2_K, "Q2_K", 256, 84},
+    {DType::kQ3_K, "Q3_K", 256, 110},
+    {DType::kQ4_K, "Q4_K", 256, 144},
+    {DType::kQ5_K, "Q5_K", 256, 176},
+    {DType::kQ6_K, "Q6_K", 256, 210},
+    {DType::kQ8_K, "Q8_K", 256, 292},
+    {DType::kI8, "I8", 1, 1},
+    {DType::kI16, "I16", 1, 2},
+    {DType::kI32, "I32", 1, 4},
+    {DType::kI64, "I64", 1, 8},
+    {DType::kF64, "F64", 1, 8},
+    {DType::kBF16, "BF16", 1, 2},
+    {DType::kQ4_KR, "Q4_K_R", 32, 24, /*internal=*/true},
+    {DType::kQ6_KR, "Q6_K_R", 32, 40, /*internal=*/true},
+    {DType::kQ5_KR, "Q5_K_R", 32, 40, /*internal=*/true},
 }};
 
 }  // namespace

@@ -36,6 +36,17 @@ enum class DType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  // Baton's own layouts, made at load time and never read from a file:
+  // Q4_K repacked for the CPU matmul: per 32 weights an f32 scale d, an f32
+  // min m and 16 bytes of nibbles in Q4_1's order (w = d * q + m; exact:
+  // d = d_K * sc and m = -dmin_K * mn fit an f32 exactly).
+  kQ4_KR = 4096,
+  // Q6_K repacked for the CPU matmul: per 32 weights two f32 scales (of
+  // weights 0-15 and 16-31; d_K * sc, exact) and 32 int8 codes: w = s * q.
+  kQ6_KR = 4097,
+  // Q5_K (and Q5_1) repacked for the CPU matmul: per 32 weights an f32 scale,
+  // an f32 min and 32 codes 0..31 as bytes: w = d * q + m.
+  kQ5_KR = 4098,
 };
 
 struct DTypeInfo {
@@ -43,9 +54,12 @@ struct DTypeInfo {
   absl::string_view name;  // ggml's spelling: "F32", "Q4_1", "Q6_K", ...
   int64_t block_size;      // elements per block (1 for plain types)
   int64_t block_bytes;     // bytes per block
+  // One of Baton's load-time layouts, never valid in a model file.
+  bool internal = false;
 };
 
-// nullptr for an id ggml does not define (or that Baton does not know).
+// nullptr for an id ggml does not define (or that Baton does not know);
+// Baton's internal layouts are found too (DTypeInfo::internal).
 const DTypeInfo* FindDTypeInfo(uint32_t ggml_type);
 // REQUIRES: dtype is one of the enumerators above.
 const DTypeInfo& GetDTypeInfo(DType dtype);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/float16.h"
+#include "kernels/cpu/quant_blocks.h"
 
 namespace baton {
 namespace {
@@ -50,32 +51,38 @@ void BlockQ4_1(const uint8_t* b, float* y) {
 
 // Q5_0 (22 bytes): f16 d, u32 qh (bit i is bit 4 of element i), nibbles as
 // Q4_0. y = d * (q - 16).
+// The 32 five-bit codes (0..31) of a Q5_0 / Q5_1 block in element order:
+// u32 qh at `qh` (bit i is bit 4 of element i), nibbles at `qs` as Q4_0.
+void UnpackQ5(const uint8_t* qh_bytes, const uint8_t* qs, int8_t* q) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int l = 0; l < kQK / 2; ++l) {
+    q[l] = static_cast<int8_t>((qs[l] & 0xF) | (((qh >> l) & 1) << 4));
+    q[l + kQK / 2] =
+        static_cast<int8_t>((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+  }
+}
+
+// The 32 codes q - 16 of a Q5_0 block, in element order.
+void UnpackQ5_0(const uint8_t* b, int8_t* q) {
+  UnpackQ5(b + 2, b + 6, q);
+  for (int l = 0; l < kQK; ++l) q[l] = static_cast<int8_t>(q[l] - 16);
+}
+
 void BlockQ5_0(const uint8_t* b, float* y) {
   const float d = LoadF16(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, sizeof(qh));
-  const uint8_t* qs = b + 6;
-  for (int l = 0; l < kQK / 2; ++l) {
-    const int lo = (qs[l] & 0xF) | (((qh >> l) & 1) << 4);
-    const int hi = (qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
-    y[l] = d * static_cast<float>(lo - 16);
-    y[l + kQK / 2] = d * static_cast<float>(hi - 16);
-  }
+  int8_t q[kQK];
+  UnpackQ5_0(b, q);
+  for (int l = 0; l < kQK; ++l) y[l] = d * static_cast<float>(q[l]);
 }
 
 // Q5_1 (24 bytes): f16 d, f16 m, u32 qh, nibbles. y = (d * q) + m.
 void BlockQ5_1(const uint8_t* b, float* y) {
   const float d = LoadF16(b);
   const float m = LoadF16(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, sizeof(qh));
-  const uint8_t* qs = b + 8;
-  for (int l = 0; l < kQK / 2; ++l) {
-    const int lo = (qs[l] & 0xF) | (((qh >> l) & 1) << 4);
-    const int hi = (qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
-    y[l] = d * static_cast<float>(lo) + m;
-    y[l + kQK / 2] = d * static_cast<float>(hi) + m;
-  }
+  int8_t q[kQK];
+  UnpackQ5(b + 4, b + 8, q);
+  for (int l = 0; l < kQK; ++l) y[l] = d * static_cast<float>(q[l]) + m;
 }
 
 // Q8_0 (34 bytes): f16 d, 32 int8. y = q * d.
@@ -111,26 +118,36 @@ void BlockQ2_K(const uint8_t* b, float* y) {
 // Q2_K), 12 bytes of sixteen 6-bit scales, f16 d. Element e = 32 i + l has
 // high bit (hmask[l] >> i) & 1; q = low - (high ? 0 : 4).
 // y = (d * (sc - 32)) * q.
-void BlockQ3_K(const uint8_t* b, float* y) {
+// The 256 codes (-4..3) and sixteen scales sc - 32 of a Q3_K block.
+void UnpackQ3_K(const uint8_t* b, int8_t* q, int* sc) {
   const uint8_t* hmask = b;
   const uint8_t* qs = b + 32;
   const uint8_t* scales = b + 96;
-  const float d = LoadF16(b + 108);
   for (int sub = 0; sub < kQK_K / 16; ++sub) {
-    const int sc = ((scales[sub % 8] >> (4 * (sub / 8))) & 0xF) |
-                   (((scales[8 + sub % 4] >> (2 * (sub / 4))) & 3) << 4);
-    const float dl = d * static_cast<float>(sc - 32);
+    sc[sub] = (((scales[sub % 8] >> (4 * (sub / 8))) & 0xF) |
+               (((scales[8 + sub % 4] >> (2 * (sub / 4))) & 3) << 4)) -
+              32;
     const int j = sub / 8;
     const int shift = 2 * ((sub % 8) / 2);
     const int hbit = sub / 2;
     const int l0 = 16 * (sub % 2);
-    const uint8_t* q = qs + 32 * j;
-    float* out = y + 16 * sub;
+    const uint8_t* qj = qs + 32 * j;
     for (int l = 0; l < 16; ++l) {
-      const int low = (q[l0 + l] >> shift) & 3;
+      const int low = (qj[l0 + l] >> shift) & 3;
       const int high = (hmask[l0 + l] >> hbit) & 1;
-      out[l] = dl * static_cast<float>(low - (high ? 0 : 4));
+      q[16 * sub + l] = static_cast<int8_t>(low - (high ? 0 : 4));
     }
+  }
+}
+
+void BlockQ3_K(const uint8_t* b, float* y) {
+  const float d = LoadF16(b + 108);
+  int8_t q[kQK_K];
+  int sc[kQK_K / 16];
+  UnpackQ3_K(b, q, sc);
+  for (int e = 0; e < kQK_K; ++e) {
+    const float dl = d * static_cast<float>(sc[e / 16]);
+    y[e] = dl * static_cast<float>(q[e]);
   }
 }
 
@@ -167,25 +184,46 @@ void BlockQ4_K(const uint8_t* b, float* y) {
   }
 }
 
+// Q4_K_R (24 bytes, Baton's repacked Q4_K): f32 d, f32 m, 16 bytes of
+// nibbles in Q4_1's order; y = (d * q) + m, the same bits as BlockQ4_K.
+void BlockQ4_KR(const uint8_t* b, float* y) {
+  float d, m;
+  std::memcpy(&d, b, sizeof(d));
+  std::memcpy(&m, b + 4, sizeof(m));
+  const uint8_t* qs = b + 8;
+  for (int i = 0; i < 16; ++i) {
+    y[i] = d * static_cast<float>(qs[i] & 0xF) + m;
+    y[i + 16] = d * static_cast<float>(qs[i] >> 4) + m;
+  }
+}
+
 // Q5_K (176 bytes): as Q4_K with 32 bytes qh before the nibbles; element
 // 32 i + l has bit 4 = (qh[l] >> i) & 1.
+// The 256 five-bit codes (0..31) of a Q5_K block in element order.
+void UnpackQ5_K(const uint8_t* b, int8_t* q) {
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int sub = 0; sub < 8; ++sub) {
+    const uint8_t* qj = qs + 32 * (sub / 2);
+    const int shift = 4 * (sub % 2);
+    for (int l = 0; l < 32; ++l) {
+      q[32 * sub + l] = static_cast<int8_t>(((qj[l] >> shift) & 0xF) |
+                                            (((qh[l] >> sub) & 1) << 4));
+    }
+  }
+}
+
 void BlockQ5_K(const uint8_t* b, float* y) {
   const float d = LoadF16(b);
   const float dmin = LoadF16(b + 2);
   int sc[8], mn[8];
   UnpackScaleMin(b + 4, sc, mn);
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  for (int sub = 0; sub < 8; ++sub) {
-    const float dl = d * static_cast<float>(sc[sub]);
-    const float ml = dmin * static_cast<float>(mn[sub]);
-    const uint8_t* q = qs + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2);
-    float* out = y + 32 * sub;
-    for (int l = 0; l < 32; ++l) {
-      const int v = ((q[l] >> shift) & 0xF) | (((qh[l] >> sub) & 1) << 4);
-      out[l] = dl * static_cast<float>(v) - ml;
-    }
+  int8_t q[kQK_K];
+  UnpackQ5_K(b, q);
+  for (int e = 0; e < kQK_K; ++e) {
+    const float dl = d * static_cast<float>(sc[e / 32]);
+    const float ml = dmin * static_cast<float>(mn[e / 32]);
+    y[e] = dl * static_cast<float>(q[e]) - ml;
   }
 }
 
@@ -193,27 +231,46 @@ void BlockQ5_K(const uint8_t* b, float* y) {
 // int8 scales, f16 d. Element 128 j + 64 k + l (l < 64) has low nibble k of
 // ql[64 j + l]; element 128 j + 32 s + l (l < 32) has high bits
 // (qh[32 j + l] >> 2s) & 3. y = (d * sc) * (q - 32).
-void BlockQ6_K(const uint8_t* b, float* y) {
+// The 256 codes q - 32 of a Q6_K block, in element order.
+void UnpackQ6_K(const uint8_t* b, int8_t* q) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
+  for (int e = 0; e < kQK_K; ++e) {
+    const int j = e / 128;  // half of the super-block
+    const int r = e % 128;  // offset inside the half
+    const int lo = (ql[64 * j + r % 64] >> (4 * (r / 64))) & 0xF;
+    const int hi = (qh[32 * j + r % 32] >> (2 * (r / 32))) & 3;
+    q[e] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+  }
+}
+
+void BlockQ6_K(const uint8_t* b, float* y) {
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = LoadF16(b + 208);
-  for (int sub = 0; sub < kQK_K / 16; ++sub) {
-    const float dl = d * static_cast<float>(scales[sub]);
-    const int e0 = 16 * sub;  // first element of the sub-block
-    const int j = e0 / 128;   // half of the super-block
-    const int r = e0 % 128;   // offset inside the half
-    const uint8_t* lo = ql + 64 * j + r % 64;
-    const int lo_shift = 4 * (r / 64);
-    const uint8_t* hi = qh + 32 * j + r % 32;
-    const int hi_shift = 2 * (r / 32);
-    float* out = y + e0;
-    for (int l = 0; l < 16; ++l) {
-      const int q =
-          (((lo[l] >> lo_shift) & 0xF) | (((hi[l] >> hi_shift) & 3) << 4)) - 32;
-      out[l] = dl * static_cast<float>(q);
-    }
+  int8_t q[kQK_K];
+  UnpackQ6_K(b, q);
+  for (int e = 0; e < kQK_K; ++e) {
+    const float dl = d * static_cast<float>(scales[e / 16]);
+    y[e] = dl * static_cast<float>(q[e]);
   }
+}
+
+// Q5_K_R (40 bytes, Baton's repacked Q5_K and Q5_1): f32 d, f32 m, 32 codes
+// 0..31 as bytes; y = (d * q) + m, the same bits as BlockQ5_K / BlockQ5_1.
+void BlockQ5_KR(const uint8_t* b, float* y) {
+  float d, m;
+  std::memcpy(&d, b, sizeof(d));
+  std::memcpy(&m, b + 4, sizeof(m));
+  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(b[8 + i]) + m;
+}
+
+// Q6_K_R (40 bytes, Baton's repacked Q6_K): f32 scales of elements 0-15 and
+// 16-31, 32 int8 codes; y = s * q, the same bits as BlockQ6_K.
+void BlockQ6_KR(const uint8_t* b, float* y) {
+  float sc[2];
+  std::memcpy(sc, b, sizeof(sc));
+  const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
+  for (int i = 0; i < 32; ++i) y[i] = sc[i / 16] * static_cast<float>(q[i]);
 }
 
 using BlockFn = void (*)(const uint8_t* block, float* out);
@@ -269,6 +326,12 @@ RowFn FindRowFn(DType dtype) {
       return DequantizeBlocks<BlockQ3_K, kQK_K, 110>;
     case DType::kQ4_K:
       return DequantizeBlocks<BlockQ4_K, kQK_K, 144>;
+    case DType::kQ4_KR:
+      return DequantizeBlocks<BlockQ4_KR, kQK, 24>;
+    case DType::kQ5_KR:
+      return DequantizeBlocks<BlockQ5_KR, kQK, 40>;
+    case DType::kQ6_KR:
+      return DequantizeBlocks<BlockQ6_KR, kQK, 40>;
     case DType::kQ5_K:
       return DequantizeBlocks<BlockQ5_K, kQK_K, 176>;
     case DType::kQ6_K:
@@ -288,7 +351,8 @@ absl::Status Unsupported(DType dtype) {
   return absl::UnimplementedError(
       absl::StrCat("dequantization of ", DTypeLabel(dtype),
                    " is not supported (supported: F32, F16, BF16, Q4_0, "
-                   "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"));
+                   "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                   "Q4_K_R, Q5_K_R, Q6_K_R)"));
 }
 
 }  // namespace
@@ -334,4 +398,17 @@ absl::StatusOr<std::vector<float>> DequantizeTensor(const TensorView& tensor) {
   return out;
 }
 
+namespace quant_blocks {
+
+float F16At(const uint8_t* p) { return LoadF16(p); }
+void ScalesAndMins(const uint8_t* s, int sc[8], int mn[8]) {
+  UnpackScaleMin(s, sc, mn);
+}
+void Q5_0Codes(const uint8_t* b, int8_t* q) { UnpackQ5_0(b, q); }
+void Q5_1Codes(const uint8_t* b, int8_t* q) { UnpackQ5(b + 4, b + 8, q); }
+void Q3_KCodes(const uint8_t* b, int8_t* q, int* sc) { UnpackQ3_K(b, q, sc); }
+void Q5_KCodes(const uint8_t* b, int8_t* q) { UnpackQ5_K(b, q); }
+void Q6_KCodes(const uint8_t* b, int8_t* q) { UnpackQ6_K(b, q); }
+
+}  // namespace quant_blocks
 }  // namespace baton

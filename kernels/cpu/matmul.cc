@@ -38,7 +38,8 @@ const KernelTable& Kernels(CpuIsa isa) {
 
 bool IsQuantized(DType dtype) {
   return dtype == DType::kQ4_0 || dtype == DType::kQ4_1 ||
-         dtype == DType::kQ8_0;
+         dtype == DType::kQ8_0 || dtype == DType::kQ4_KR ||
+         dtype == DType::kQ6_KR || dtype == DType::kQ5_KR;
 }
 
 absl::Status Validate(const TensorView& weight, int64_t tokens, int64_t k,
@@ -50,6 +51,9 @@ absl::Status Validate(const TensorView& weight, int64_t tokens, int64_t k,
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ8_0:
+    case DType::kQ4_KR:
+    case DType::kQ6_KR:
+    case DType::kQ5_KR:
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
@@ -58,7 +62,8 @@ absl::Status Validate(const TensorView& weight, int64_t tokens, int64_t k,
               ? DTypeName(weight.dtype)
               : absl::string_view("(unknown)"),
           " of weight \"", weight.name,
-          "\" (supported: F32, F16, Q4_0, Q4_1, Q8_0)"));
+          "\" (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K_R, Q5_K_R, "
+          "Q6_K_R)"));
   }
   if (weight.shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,9 +168,12 @@ absl::Status MatMulGroup(std::span<const MatMulTarget> targets,
             units};
     if (IsQuantized(weight.dtype)) {
       BATON_ASSIGN_OR_RETURN(job.q8, input.Quantized(pool, options.isa));
-      job.quant_fn = weight.dtype == DType::kQ4_0   ? kernels.q4_0
-                     : weight.dtype == DType::kQ4_1 ? kernels.q4_1
-                                                    : kernels.q8_0;
+      job.quant_fn = weight.dtype == DType::kQ4_0    ? kernels.q4_0
+                     : weight.dtype == DType::kQ4_1  ? kernels.q4_1
+                     : weight.dtype == DType::kQ4_KR ? kernels.q4_kr
+                     : weight.dtype == DType::kQ6_KR ? kernels.q6_kr
+                     : weight.dtype == DType::kQ5_KR ? kernels.q5_kr
+                                                     : kernels.q8_0;
     } else {
       job.float_fn = weight.dtype == DType::kF16 ? kernels.f16 : kernels.f32;
     }

@@ -4,7 +4,8 @@
 // row-major f32, y [tokens, rows] row-major f32: y[t][r] = sum_i W[r][i]
 // x[t][i].
 //
-// Quantized weights (Q4_0, Q4_1, Q8_0) multiply activations quantized to 8
+// Quantized weights (Q4_0, Q4_1, Q8_0, and the layouts repack.h makes at
+// load: Q4_K_R, Q5_K_R, Q6_K_R) multiply activations quantized to 8
 // bits per block of 32 (see quantize_activations.h) with integer dot products
 // and f32 accumulation across blocks; F32 and F16 weights multiply x directly.
 //
@@ -69,10 +70,11 @@ class MatMulInput {
 // y [input.tokens(), rows] = input.x() * weight^T, rows split across pool's
 // threads (pool may be null: single-threaded).
 // Errors: Unimplemented for a weight dtype other than F32, F16, Q4_0, Q4_1,
-// Q8_0 (naming it); InvalidArgument if the weight is not 2-D, its data is null
-// or shorter than its shape needs, k is not a positive multiple of 32, the
-// input's k differs from the weight's, tokens < 0, or x / y is null while
-// tokens > 0; FailedPrecondition if options.isa is not supported here.
+// Q8_0, Q4_K_R, Q5_K_R, Q6_K_R (naming it); InvalidArgument if the weight is
+// not 2-D, its data is null or shorter than its shape needs, k is not a
+// positive multiple of 32, the input's k differs from the weight's, tokens < 0,
+// or x / y is null while tokens > 0; FailedPrecondition if options.isa is not
+// supported here.
 absl::Status MatMul(const TensorView& weight, MatMulInput& input, float* y,
                     ThreadPool* pool, const MatMulOptions& options = {});
 

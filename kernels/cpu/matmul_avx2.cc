@@ -68,16 +68,39 @@ BATON_AVX2 inline __m256i LoadQ8(const uint8_t* qs) {
 
 // Per row: d[b] and mc[b] (min, -8 d for Q4_0, unused for Q8_0), eight
 // blocks at a time.
-template <int kBlockBytes, int kMode>  // kMode: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0
+// kMode: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = Q4_K_R (f32 d and m), 4 = Q6_K_R
+// (nothing: AddBlock reads each block's two f32 scales itself), 5 = Q5_K_R
+// (as 3; its codes are bytes, not nibbles).
+template <int kBlockBytes, int kMode>
 BATON_AVX2 void Prep(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb,
                      float* d, float* mc) {
   for (int r = 0; r < rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
+    if constexpr (kMode == 4) continue;  // AddBlock reads the block's scales
     float* dr = d + r * nb;
     float* mr = mc + r * nb;
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
       const uint8_t* first = row + b * kBlockBytes;
+      if constexpr (kMode == 3 || kMode == 5) {
+        // {d, m, ...} of four blocks at a time, transposed with shuffles
+        // (gathers cost as much as the tile's own work on some cores).
+        for (int h = 0; h < 8; h += 4) {
+          const uint8_t* q = first + h * kBlockBytes;
+          const __m128 b0 = _mm_loadu_ps(reinterpret_cast<const float*>(q));
+          const __m128 b1 =
+              _mm_loadu_ps(reinterpret_cast<const float*>(q + kBlockBytes));
+          const __m128 b2 =
+              _mm_loadu_ps(reinterpret_cast<const float*>(q + 2 * kBlockBytes));
+          const __m128 b3 =
+              _mm_loadu_ps(reinterpret_cast<const float*>(q + 3 * kBlockBytes));
+          const __m128 lo = _mm_unpacklo_ps(b0, b1);  // d0 d1 m0 m1
+          const __m128 hi = _mm_unpacklo_ps(b2, b3);  // d2 d3 m2 m3
+          _mm_storeu_ps(dr + b + h, _mm_movelh_ps(lo, hi));
+          _mm_storeu_ps(mr + b + h, _mm_movehl_ps(hi, lo));
+        }
+        continue;
+      }
       const __m256 db = BlockHalfs8<kBlockBytes, 0>(first);
       _mm256_storeu_ps(dr + b, db);
       if constexpr (kMode == 0) {
@@ -88,6 +111,11 @@ BATON_AVX2 void Prep(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb,
       }
     }
     for (; b < nb; ++b) {
+      if constexpr (kMode == 3 || kMode == 5) {
+        std::memcpy(dr + b, row + b * kBlockBytes, sizeof(float));
+        std::memcpy(mr + b, row + b * kBlockBytes + 4, sizeof(float));
+        continue;
+      }
       uint16_t h[2];
       std::memcpy(h, row + b * kBlockBytes, kMode == 1 ? 4 : 2);
       const float db = _cvtsh_ss(h[0]);
@@ -118,12 +146,17 @@ BATON_AVX2 inline void AddBlock(const TileCtx& c, const uint8_t* w,
   BATON_UNROLL
   for (int r = 0; r < R; ++r) {
     const uint8_t* qs = w + r * c.row_bytes + b * kBlockBytes + kQsOffset;
-    if constexpr (kMode == 2) {
+    if constexpr (kMode == 2 || kMode == 4 || kMode == 5) {
       wv[r] = LoadQ8(qs);
     } else {
       wv[r] = UnpackQ4(qs);
     }
-    dw[r] = _mm256_set1_ps(d[r * nb + b]);
+    if constexpr (kMode == 4) {
+      const auto* sc = reinterpret_cast<const float*>(qs - kQsOffset);
+      dw[r] = _mm256_set_m128(_mm_broadcast_ss(sc + 1), _mm_broadcast_ss(sc));
+    } else {
+      dw[r] = _mm256_set1_ps(d[r * nb + b]);
+    }
   }
   BATON_UNROLL
   for (int t = 0; t < T; ++t) {
@@ -133,7 +166,7 @@ BATON_AVX2 inline void AddBlock(const TileCtx& c, const uint8_t* w,
     BATON_UNROLL
     for (int r = 0; r < R; ++r) {
       __m256i s;
-      if constexpr (kMode == 2) {
+      if constexpr (kMode == 2 || kMode == 4) {
         s = Dot4(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(av, wv[r]));
       } else {
         s = Dot4(wv[r], av);
@@ -170,7 +203,7 @@ BATON_AVX2 void QuantTile(const TileCtx& c, const uint8_t* w, const float* d,
     BATON_UNROLL
     for (int t = 0; t < T; ++t) {
       __m256 lo = acc[0][r][t], hi = acc[1][r][t];
-      if constexpr (kMode != 2) {
+      if constexpr (kMode != 2 && kMode != 4) {
         const float* sa = c.x->sums(t0 + t);
         __m256 ml = _mm256_setzero_ps(), mh = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b += 16) {
@@ -214,6 +247,23 @@ BATON_AVX2 void Q4_1Tile(const TileCtx& c, const uint8_t* w, const float* d,
                                                                      mc, t0, y);
 }
 template <int R, int T>
+BATON_AVX2 void Q4_KRTile(const TileCtx& c, const uint8_t* w, const float* d,
+                          const float* mc, int64_t t0, float* y) {
+  QuantTile<Q4_KRLayout::kBlockBytes, Q4_KRLayout::kQsOffset, 1, R, T>(
+      c, w, d, mc, t0, y);
+}
+template <int R, int T>
+BATON_AVX2 void Q5_KRTile(const TileCtx& c, const uint8_t* w, const float* d,
+                          const float* mc, int64_t t0, float* y) {
+  QuantTile<Q5_KRLayout::kBlockBytes, Q5_KRLayout::kQsOffset, 5, R, T>(
+      c, w, d, mc, t0, y);
+}
+template <int R, int T>
+BATON_AVX2 void Q6_KRTile(const TileCtx& c, const uint8_t* w, const float* d,
+                          const float* mc, int64_t t0, float* y) {
+  QuantTile<kQ6_KRBlockBytes, kQ6_KRQsOffset, 4, R, T>(c, w, d, mc, t0, y);
+}
+template <int R, int T>
 BATON_AVX2 void Q8_0Tile(const TileCtx& c, const uint8_t* w, const float* d,
                          const float* mc, int64_t t0, float* y) {
   QuantTile<kQ8_0BlockBytes, 2, 2, R, T>(c, w, d, mc, t0, y);
@@ -231,6 +281,12 @@ constexpr TileFn kQ4_1Tiles[kTileRows][kTileTokens] =
     BATON_TILE_TABLE(Q4_1Tile);
 constexpr TileFn kQ8_0Tiles[kTileRows][kTileTokens] =
     BATON_TILE_TABLE(Q8_0Tile);
+constexpr TileFn kQ4_KRTiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q4_KRTile);
+constexpr TileFn kQ6_KRTiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q6_KRTile);
+constexpr TileFn kQ5_KRTiles[kTileRows][kTileTokens] =
+    BATON_TILE_TABLE(Q5_KRTile);
 
 void QuantRows(const QuantArgs& a,
                const TileFn (&tiles)[kTileRows][kTileTokens], PrepFn prep) {
@@ -261,6 +317,15 @@ void Q4_1Rows(const QuantArgs& a) {
 }
 void Q8_0Rows(const QuantArgs& a) {
   QuantRows(a, kQ8_0Tiles, &Prep<kQ8_0BlockBytes, 2>);
+}
+void Q4_KRRows(const QuantArgs& a) {
+  QuantRows(a, kQ4_KRTiles, &Prep<Q4_KRLayout::kBlockBytes, 3>);
+}
+void Q6_KRRows(const QuantArgs& a) {
+  QuantRows(a, kQ6_KRTiles, &Prep<kQ6_KRBlockBytes, 4>);
+}
+void Q5_KRRows(const QuantArgs& a) {
+  QuantRows(a, kQ5_KRTiles, &Prep<Q5_KRLayout::kBlockBytes, 5>);
 }
 
 template <bool kF16>
@@ -342,8 +407,9 @@ void F16Rows(const FloatArgs& a) { FloatRows(a, kF16Tiles); }
 }  // namespace
 
 const KernelTable& Avx2Kernels() {
-  static constexpr KernelTable kTable = {&Q4_0Rows, &Q4_1Rows, &Q8_0Rows,
-                                         &F32Rows, &F16Rows};
+  static constexpr KernelTable kTable = {&Q4_0Rows,  &Q4_1Rows,  &Q8_0Rows,
+                                         &Q4_KRRows, &Q6_KRRows, &Q5_KRRows,
+                                         &F32Rows,   &F16Rows};
   return kTable;
 }
 

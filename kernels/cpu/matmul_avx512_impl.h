@@ -48,7 +48,7 @@ constexpr int kTileTokens = 4;
 
 // Per 32-bit lane: the four products of unsigned bytes of u and signed bytes
 // of s, summed. Without VNNI the pairs are summed in 16 bits first, so the
-// callers keep every pair sum within int16 (weight codes 0-15 here).
+// callers keep every pair sum within int16 (weight codes 0-31 here).
 BATON_AVX512 inline __m512i DotU8S8(__m512i u, __m512i s) {
 #if BATON_AVX512_VNNI
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
@@ -111,6 +111,30 @@ BATON_AVX512 void PrepQ4(const uint8_t* w, int64_t row_bytes, int rows,
     float* dmr = dm + r * npairs * 4;
     float* mcr = mc + r * nb;
     int64_t p = 0;
+    if constexpr (L::kF32Scales) {    // Q4_K_R, Q5_K_R: {d, m} opens a block
+      for (; 2 * p + 2 <= nb; ++p) {  // a pair: two 8-byte loads
+        const uint8_t* b0 = row + 2 * p * L::kBlockBytes;
+        const __m128 dm0 =
+            _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(b0)));
+        const __m128 both = _mm_loadh_pi(
+            dm0, reinterpret_cast<const __m64*>(b0 + L::kBlockBytes));
+        _mm_storeu_ps(dmr + 4 * p, both);  // d0 m0 d1 m1
+        _mm_storel_pi(reinterpret_cast<__m64*>(mcr + 2 * p),
+                      _mm_shuffle_ps(both, both, _MM_SHUFFLE(3, 1, 3, 1)));
+      }
+      for (int64_t b = 2 * p; b < nb; ++b) {
+        const float d = BlockScale<L>(row + b * L::kBlockBytes, 0);
+        const float m = BlockScale<L>(row + b * L::kBlockBytes, 1);
+        dmr[2 * b] = d;
+        dmr[2 * b + 1] = m;
+        mcr[b] = m;
+      }
+      if (nb % 2 != 0) {
+        dmr[2 * nb] = 0.0f;
+        dmr[2 * nb + 1] = 0.0f;
+      }
+      continue;
+    }
     for (; 2 * p + 8 <= nb; p += 4) {  // eight blocks at a time
       const uint8_t* first = row + 2 * p * L::kBlockBytes;
       const __m256 d = BlockHalfs8<L::kBlockBytes, 0>(first);
@@ -194,8 +218,19 @@ BATON_AVX512 __attribute__((always_inline)) inline void Q4Step(
   BATON_UNROLL
   for (int r = 0; r < R; ++r) {
     const uint8_t* blk = tp.w[r] + b * L::kBlockBytes;
-    wv[r] = UnpackQ4Pair(blk + L::kQsOffset,
-                         kTwo ? blk + L::kBlockBytes + L::kQsOffset : nullptr);
+    if constexpr (L::kByteCodes) {  // Q5_K_R: 32 code bytes a block
+      const __m256i w0 = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(blk + L::kQsOffset));
+      wv[r] = kTwo ? _mm512_mask_broadcast_i64x4(
+                         _mm512_castsi256_si512(w0), 0xf0,
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                             blk + L::kBlockBytes + L::kQsOffset)))
+                   : _mm512_zextsi256_si512(w0);
+    } else {
+      wv[r] =
+          UnpackQ4Pair(blk + L::kQsOffset,
+                       kTwo ? blk + L::kBlockBytes + L::kQsOffset : nullptr);
+    }
     dw[r] = SplitBroadcast(tp.dm[r] + 4 * p, tp.dm[r] + 4 * p + 2);
   }
   BATON_UNROLL
@@ -245,101 +280,8 @@ BATON_AVX512 void Q4Tile(const TileCtx& c, const uint8_t* w, const float* dm,
   }
 }
 
-template <int R, int T, bool kTwo>
-BATON_AVX512 __attribute__((always_inline)) inline void Q8Step(
-    const TilePtrs<R, T>& tp, int64_t p, __m512 (&acc)[R][T]) {
-  const int64_t b = 2 * p;
-#if BATON_AVX512_VNNI
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-#endif
-  __m512i wv[R], init[R];
-  __m512 dw[R];
-  BATON_UNROLL
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* blk = tp.w[r] + b * kQ8_0BlockBytes;
-    const __m256i w0 =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    wv[r] = kTwo ? _mm512_mask_broadcast_i64x4(
-                       _mm512_castsi256_si512(w0), 0xf0,
-                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                           blk + kQ8_0BlockBytes + 2)))
-                 : _mm512_zextsi256_si512(w0);
-#if BATON_AVX512_VNNI
-    // (qa + 128) . qw - 128 * sum(qw) = qa . qw, with qa + 128 unsigned.
-    init[r] = _mm512_sub_epi32(
-        _mm512_setzero_si512(),
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wv[r]));
-#else
-    init[r] = _mm512_setzero_si512();
-#endif
-    dw[r] = SplitBroadcast(tp.dm[r] + 2 * p, tp.dm[r] + 2 * p + 1);
-  }
-  BATON_UNROLL
-  for (int t = 0; t < T; ++t) {
-#if BATON_AVX512_VNNI
-    const __m512i av =
-        _mm512_xor_si512(ActQuants(tp.qa[t] + b * 32, kTwo), bias);
-#else
-    const __m512i av = ActQuants(tp.qa[t] + b * 32, kTwo);
-#endif
-    const __m512 da = ActScales(tp.da[t] + b, kTwo);
-    BATON_UNROLL
-    for (int r = 0; r < R; ++r) {
-#if BATON_AVX512_VNNI
-      const __m512i s = _mm512_dpbusd_epi32(init[r], av, wv[r]);
-#else
-      // qa . qw = |qw| . (qa with qw's sign): |qw| <= 128 unsigned, |qa| <=
-      // 127, so each pair sum fits int16.
-      const __m512i signed_a = _mm512_mask_sub_epi8(
-          av, _mm512_movepi8_mask(wv[r]), _mm512_setzero_si512(), av);
-      const __m512i s =
-          _mm512_add_epi32(init[r], DotU8S8(_mm512_abs_epi8(wv[r]), signed_a));
-#endif
-      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
-                                  _mm512_mul_ps(dw[r], da), acc[r][t]);
-    }
-  }
-}
-
-template <int R, int T>
-BATON_AVX512 void Q8Tile(const TileCtx& c, const uint8_t* w, const float* dm,
-                         const float* /*unused*/, int64_t t0, float* y) {
-  const int64_t nb = c.nb;
-  const int64_t npairs = (nb + 1) / 2;
-  const TilePtrs<R, T> tp = MakePtrs<R, T>(c, w, dm, npairs * 2, t0);
-  __m512 acc[R][T];
-  BATON_UNROLL
-  for (int r = 0; r < R; ++r) BATON_UNROLL
-  for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < nb / 2; ++p) Q8Step<R, T, true>(tp, p, acc);
-  if (nb & 1) Q8Step<R, T, false>(tp, nb / 2, acc);
-  BATON_UNROLL
-  for (int r = 0; r < R; ++r) BATON_UNROLL
-  for (int t = 0; t < T; ++t) y[(t0 + t) * c.ldy + r] = Hsum(acc[r][t]);
-}
-
-// Per row, per pair p: dm[2p..2p+1] = {d0, d1} (d1 = 0 if missing).
-BATON_AVX512 void PrepQ8(const uint8_t* w, int64_t row_bytes, int rows,
-                         int64_t nb, float* dm, float* /*unused*/) {
-  const int64_t npairs = (nb + 1) / 2;
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    int64_t p = 0;
-    for (; 2 * p + 8 <= nb; p += 4) {  // eight blocks at a time
-      _mm256_storeu_ps(
-          dm + r * npairs * 2 + 2 * p,
-          BlockHalfs8<kQ8_0BlockBytes, 0>(row + 2 * p * kQ8_0BlockBytes));
-    }
-    for (; p < npairs; ++p) {
-      uint16_t h0, h1 = 0;
-      std::memcpy(&h0, row + 2 * p * kQ8_0BlockBytes, 2);
-      if (2 * p + 1 < nb)
-        std::memcpy(&h1, row + (2 * p + 1) * kQ8_0BlockBytes, 2);
-      dm[r * npairs * 2 + 2 * p] = _cvtsh_ss(h0);
-      dm[r * npairs * 2 + 2 * p + 1] = _cvtsh_ss(h1);
-    }
-  }
-}
+// The kernels of weights with int8 codes (Q8_0, Q6_K_R).
+#include "kernels/cpu/matmul_avx512_q8.h"  // NOLINT(build/include): a part
 
 using TileFn = void (*)(const TileCtx&, const uint8_t*, const float*,
                         const float*, int64_t, float*);
@@ -363,10 +305,23 @@ BATON_AVX512 void Q4_1Tile(const TileCtx& c, const uint8_t* w, const float* dm,
                            const float* mc, int64_t t0, float* y) {
   Q4Tile<Q4_1Layout, R, T>(c, w, dm, mc, t0, y);
 }
+template <int R, int T>
+BATON_AVX512 void Q5_KRTile(const TileCtx& c, const uint8_t* w, const float* dm,
+                            const float* mc, int64_t t0, float* y) {
+  Q4Tile<Q5_KRLayout, R, T>(c, w, dm, mc, t0, y);
+}
+template <int R, int T>
+BATON_AVX512 void Q4_KRTile(const TileCtx& c, const uint8_t* w, const float* dm,
+                            const float* mc, int64_t t0, float* y) {
+  Q4Tile<Q4_KRLayout, R, T>(c, w, dm, mc, t0, y);
+}
 
 constexpr TileFn kQ4_0Tiles[4][4] = BATON_TILE_TABLE(Q4_0Tile);
 constexpr TileFn kQ4_1Tiles[4][4] = BATON_TILE_TABLE(Q4_1Tile);
+constexpr TileFn kQ4_KRTiles[4][4] = BATON_TILE_TABLE(Q4_KRTile);
+constexpr TileFn kQ5_KRTiles[4][4] = BATON_TILE_TABLE(Q5_KRTile);
 constexpr TileFn kQ8_0Tiles[4][4] = BATON_TILE_TABLE(Q8Tile);
+constexpr TileFn kQ6_KRTiles[4][4] = BATON_TILE_TABLE(Q6_KRTile);
 
 // Row tiles outermost so each tile's weights stay in L1 across the tokens.
 void QuantRows(const QuantArgs& a, const TileFn (&tiles)[4][4], PrepFn prep) {
@@ -396,7 +351,14 @@ void Q4_0Rows(const QuantArgs& a) {
 void Q4_1Rows(const QuantArgs& a) {
   QuantRows(a, kQ4_1Tiles, &PrepQ4<Q4_1Layout>);
 }
+void Q4_KRRows(const QuantArgs& a) {
+  QuantRows(a, kQ4_KRTiles, &PrepQ4<Q4_KRLayout>);
+}
+void Q5_KRRows(const QuantArgs& a) {
+  QuantRows(a, kQ5_KRTiles, &PrepQ4<Q5_KRLayout>);
+}
 void Q8_0Rows(const QuantArgs& a) { QuantRows(a, kQ8_0Tiles, &PrepQ8); }
+void Q6_KRRows(const QuantArgs& a) { QuantRows(a, kQ6_KRTiles, &PrepQ6_KR); }
 
 template <bool kF16, int R, int T>
 BATON_AVX512 void FloatTile(const FloatArgs& a, int64_t r0, int64_t t0) {
@@ -460,8 +422,9 @@ void F16Rows(const FloatArgs& a) { FloatRows(a, kF16Tiles); }
 }  // namespace
 
 const KernelTable& BATON_AVX512_KERNELS() {
-  static constexpr KernelTable kTable = {&Q4_0Rows, &Q4_1Rows, &Q8_0Rows,
-                                         &F32Rows, &F16Rows};
+  static constexpr KernelTable kTable = {&Q4_0Rows,  &Q4_1Rows,  &Q8_0Rows,
+                                         &Q4_KRRows, &Q6_KRRows, &Q5_KRRows,
+                                         &F32Rows,   &F16Rows};
   return kTable;
 }
 

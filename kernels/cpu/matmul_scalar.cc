@@ -30,20 +30,30 @@ uint16_t LoadU16(const uint8_t* p) {
 template <typename L>
 void DecodeQ4(const uint8_t* block, int32_t* q) {
   const uint8_t* qs = block + L::kQsOffset;
+  if constexpr (L::kByteCodes) {
+    for (int i = 0; i < 32; ++i) q[i] = qs[i];
+    return;
+  }
   for (int i = 0; i < 16; ++i) {
     q[i] = qs[i] & 0x0f;
     q[i + 16] = qs[i] >> 4;
   }
 }
 
-// Adds one block's contribution to lanes [lane0, lane0 + 8).
-void AccumulateBlock(const int32_t* qw, const int8_t* qa, float scale,
-                     float* acc) {
+// Adds one block's contribution to lanes [lane0, lane0 + 8): lanes 0-3
+// scaled by scale_lo, 4-7 by scale_hi.
+void AccumulateBlock(const int32_t* qw, const int8_t* qa, float scale_lo,
+                     float scale_hi, float* acc) {
   for (int j = 0; j < 8; ++j) {
     int32_t s = 0;
     for (int i = 4 * j; i < 4 * j + 4; ++i) s += qw[i] * qa[i];
-    acc[j] = std::fma(static_cast<float>(s), scale, acc[j]);
+    acc[j] =
+        std::fma(static_cast<float>(s), j < 4 ? scale_lo : scale_hi, acc[j]);
   }
+}
+void AccumulateBlock(const int32_t* qw, const int8_t* qa, float scale,
+                     float* acc) {
+  AccumulateBlock(qw, qa, scale, scale, acc);
 }
 
 template <typename L>
@@ -60,8 +70,8 @@ void Q4Rows(const QuantArgs& a) {
       float accm[kLanes] = {};
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* block = row + b * L::kBlockBytes;
-        const float d = F16ToF32(LoadU16(block));
-        const float m = L::kHasMin ? F16ToF32(LoadU16(block + 2)) : -8.0f * d;
+        const float d = BlockScale<L>(block, 0);
+        const float m = L::kHasMin ? BlockScale<L>(block, 1) : -8.0f * d;
         DecodeQ4<L>(block, q);
         AccumulateBlock(q, qa + b * 32, d * da[b], acc + 8 * (b & 1));
         accm[b % kLanes] = std::fma(m, sa[b], accm[b % kLanes]);
@@ -72,7 +82,12 @@ void Q4Rows(const QuantArgs& a) {
   }
 }
 
-void Q8_0Rows(const QuantArgs& a) {
+// Weights with int8 codes: Q8_0 (one f16 scale a block) and, with
+// kHalfScales, Q6_K_R (f32 scales of each half block).
+template <bool kHalfScales>
+void Q8Rows(const QuantArgs& a) {
+  constexpr int kBytes = kHalfScales ? kQ6_KRBlockBytes : kQ8_0BlockBytes;
+  constexpr int kQs = kHalfScales ? kQ6_KRQsOffset : 2;
   const int64_t nb = a.x->blocks_per_token();
   int32_t q[32];
   for (int64_t r = 0; r < a.nrows; ++r) {
@@ -82,12 +97,16 @@ void Q8_0Rows(const QuantArgs& a) {
       const float* da = a.x->scales(t);
       float acc[kLanes] = {};
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* block = row + b * kQ8_0BlockBytes;
-        const float d = F16ToF32(LoadU16(block));
-        for (int i = 0; i < 32; ++i) {
-          q[i] = static_cast<int8_t>(block[2 + i]);
+        const uint8_t* block = row + b * kBytes;
+        float s[2];
+        if constexpr (kHalfScales) {
+          std::memcpy(s, block, sizeof(s));
+        } else {
+          s[0] = s[1] = F16ToF32(LoadU16(block));
         }
-        AccumulateBlock(q, qa + b * 32, d * da[b], acc + 8 * (b & 1));
+        for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(block[kQs + i]);
+        AccumulateBlock(q, qa + b * 32, s[0] * da[b], s[1] * da[b],
+                        acc + 8 * (b & 1));
       }
       a.y[t * a.ldy + r] = Hsum16(acc);
     }
@@ -121,8 +140,9 @@ void FloatRows(const FloatArgs& a) {
 
 const KernelTable& ScalarKernels() {
   static constexpr KernelTable kTable = {
-      &Q4Rows<Q4_0Layout>, &Q4Rows<Q4_1Layout>, &Q8_0Rows,
-      &FloatRows<false>,   &FloatRows<true>,
+      &Q4Rows<Q4_0Layout>,  &Q4Rows<Q4_1Layout>, &Q8Rows<false>,
+      &Q4Rows<Q4_KRLayout>, &Q8Rows<true>,       &Q4Rows<Q5_KRLayout>,
+      &FloatRows<false>,    &FloatRows<true>,
   };
   return kTable;
 }

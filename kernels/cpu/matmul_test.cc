@@ -16,8 +16,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr DType kDTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
-                             DType::kF16, DType::kF32};
+constexpr DType kDTypes[] = {DType::kQ4_0,  DType::kQ4_1,  DType::kQ8_0,
+                             DType::kQ4_KR, DType::kQ5_KR, DType::kQ6_KR,
+                             DType::kF16,   DType::kF32};
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;
@@ -35,7 +36,8 @@ std::unique_ptr<ThreadPool> MakePool(int threads) {
 
 // A weight with random contents, plus its exact dequantization split as
 // w[r][i] = a[r][i] + c[r][i] where a = d * q (q the stored integer code) and
-// c = the block's additive term (Q4_1's m, -8 d for Q4_0, 0 otherwise): the
+// c = the block's additive term (Q4_1's and Q4_K_R's m, -8 d for Q4_0, 0
+// otherwise): the
 // kernels accumulate the two parts separately, so |a| + |c| bounds the size
 // of what they add up.
 struct TestWeight {
@@ -80,11 +82,44 @@ TestWeight MakeWeight(DType dtype, int64_t rows, int64_t k, uint32_t seed) {
         w.a[i0] = F16ToF32(h);
         continue;
       }
-      PutF16(blk, u(rng) * 0.02f);
-      uint16_t hd;
-      std::memcpy(&hd, blk, 2);
-      const double d = F16ToF32(hd);
+      if (dtype == DType::kQ5_KR) {  // f32 d and m, code bytes 0..31
+        const float fd = u(rng) * 0.01f;
+        const float fm = u(rng) * 0.1f;
+        std::memcpy(blk, &fd, 4);
+        std::memcpy(blk + 4, &fm, 4);
+        for (int i = 0; i < 32; ++i) {
+          const int q = static_cast<int>(rng() % 32);
+          blk[8 + i] = static_cast<uint8_t>(q);
+          w.a[i0 + i] = static_cast<double>(fd) * q;
+          w.c[i0 + i] = fm;
+        }
+        continue;
+      }
+      if (dtype == DType::kQ6_KR) {  // two f32 half scales, int8 codes
+        const float sc[2] = {u(rng) * 0.02f, u(rng) * 0.02f};
+        std::memcpy(blk, sc, sizeof(sc));
+        for (int i = 0; i < 32; ++i) {
+          const int q = static_cast<int>(rng() % 64) - 32;
+          blk[8 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+          w.a[i0 + i] = static_cast<double>(sc[i / 16]) * q;
+        }
+        continue;
+      }
+      double d = 0.0;
       double c = 0.0;
+      if (dtype == DType::kQ4_KR) {  // f32 d and m, as repack.h writes
+        const float fd = u(rng) * 0.02f;
+        const float fm = u(rng) * 0.1f;
+        std::memcpy(blk, &fd, 4);
+        std::memcpy(blk + 4, &fm, 4);
+        d = fd;
+        c = fm;
+      } else {
+        PutF16(blk, u(rng) * 0.02f);
+        uint16_t hd;
+        std::memcpy(&hd, blk, 2);
+        d = F16ToF32(hd);
+      }
       if (dtype == DType::kQ4_1) {
         PutF16(blk + 2, u(rng) * 0.1f);
         uint16_t hm;
@@ -98,7 +133,9 @@ TestWeight MakeWeight(DType dtype, int64_t rows, int64_t k, uint32_t seed) {
           q = static_cast<int>(rng() % 256) - 128;
           blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
         } else {
-          const int qs_offset = dtype == DType::kQ4_1 ? 4 : 2;
+          const int qs_offset = dtype == DType::kQ4_1    ? 4
+                                : dtype == DType::kQ4_KR ? 8
+                                                         : 2;
           q = static_cast<int>(rng() % 16);
           uint8_t& byte = blk[qs_offset + (i % 16)];
           byte = i < 16 ? static_cast<uint8_t>((byte & 0xf0) | q)

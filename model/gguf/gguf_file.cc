@@ -316,7 +316,7 @@ absl::Status GgufParser::ParseInto(GgufFile& file) {
     uint64_t type_at = pos_;
     BATON_ASSIGN_OR_RETURN(uint32_t type, Read<uint32_t>(what + " type"));
     const DTypeInfo* dtype = FindDTypeInfo(type);
-    if (dtype == nullptr) {
+    if (dtype == nullptr || dtype->internal) {
       return absl::InvalidArgumentError(
           absl::StrFormat("GGUF %s at offset %d has unknown tensor type %d",
                           what, type_at, type));

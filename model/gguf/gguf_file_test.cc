@@ -235,6 +235,12 @@ std::vector<BadCase> BadCases() {
     add("UnknownTensorType", b, "unknown tensor type 99");
   }
   {
+    // Baton's load-time Q4_K_R layout is not a file type.
+    GgufBuilder b;
+    b.Header(1, 0).TensorInfo("t", {32}, /*type=*/4096, 0);
+    add("InternalTensorType", b, "unknown tensor type 4096");
+  }
+  {
     GgufBuilder b;
     b.Header(1, 0).TensorInfo("t", {1, 1, 1, 1, 1}, 0, 0);
     add("TooManyDims", b, "5 dimensions");

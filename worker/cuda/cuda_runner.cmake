@@ -16,6 +16,7 @@ target_include_directories(baton_cuda_runner PUBLIC ${CMAKE_SOURCE_DIR})
 target_compile_options(baton_cuda_runner PRIVATE ${BATON_CUDA_WARNINGS})
 target_link_libraries(baton_cuda_runner PUBLIC
   baton_cuda_elementwise baton_cuda_attention baton_cuda_gemm baton_model_runner
+  baton_dequantize
   baton_kv_cache baton_common CUDA::cudart absl::status absl::statusor
   absl::strings)
 

@@ -1,15 +1,30 @@
 #include "worker/cuda/device_weights.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/dequantize.h"
 #include "kernels/cuda/dequantize.h"
 
 namespace baton {
 
 absl::StatusOr<const uint16_t*> DeviceWeights::Matrix(const TensorView& view,
                                                       cudaStream_t stream) {
+  if (!cuda::CanDequantizeOnDevice(view.dtype) && CanDequantize(view.dtype)) {
+    // A layout the host made at load (Q4_K_R): dequantized on the host and
+    // uploaded as F32; the upload finishes before the values go.
+    BATON_ASSIGN_OR_RETURN(std::vector<float> values, DequantizeTensor(view));
+    TensorView f32 = view;
+    f32.dtype = DType::kF32;
+    f32.data = reinterpret_cast<const uint8_t*>(values.data());
+    f32.nbytes = values.size() * sizeof(float);
+    BATON_ASSIGN_OR_RETURN(const uint16_t* result, Matrix(f32, stream));
+    BATON_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream),
+                                     absl::StrCat("upload of ", view.name)));
+    return result;
+  }
   if (!cuda::CanDequantizeOnDevice(view.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", view.name, "' has type ", DTypeName(view.dtype),

@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 
 #include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/repack.h"
 
 namespace baton {
 namespace {
@@ -76,6 +78,19 @@ absl::StatusOr<TensorView> ModelWeights::Matrix(const TensorView& view,
   if (view.dtype == DType::kF32 ||
       (MatMulTakes(view.dtype) && !options_.matrices_as_f32)) {
     return view;
+  }
+  const std::optional<DType> repack = CpuMatMulRepackTarget(view.dtype);
+  if (repack.has_value() && !options_.matrices_as_f32 && options_.repack) {
+    // Repacked for the quantized kernels (repack.h): 6 to 10 bits a weight
+    // instead of 32.
+    BATON_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                           RepackForCpuMatMul(view));
+    TensorView repacked = view;
+    repacked.dtype = *repack;
+    repacked.data = bytes.data();
+    repacked.nbytes = bytes.size();
+    owned_bytes_.push_back(std::move(bytes));
+    return repacked;
   }
   BATON_ASSIGN_OR_RETURN(std::vector<float> values, DequantizeTensor(view));
   auto owned = std::make_unique<float[]>(values.size());

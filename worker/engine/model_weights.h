@@ -46,6 +46,11 @@ struct ModelWeightsOptions {
   // quantized paths (8-bit activations on the CPU, bf16 on a GPU) are
   // measured against. Four bytes per weight.
   bool matrices_as_f32 = false;
+  // Q4_K, Q6_K and Q5_0 matrices repacked for the quantized kernels
+  // (CpuMatMulRepackTarget); false converts them to f32 like the types the
+  // matmul has no kernel for (the load before the repacked layouts, kept for
+  // side-by-side benchmarks).
+  bool repack = true;
 };
 
 using TensorLookup =
@@ -102,7 +107,8 @@ class ModelWeights {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_freqs_;
-  std::vector<std::unique_ptr<float[]>> owned_;  // converted tensors
+  std::vector<std::unique_ptr<float[]>> owned_;    // converted tensors
+  std::vector<std::vector<uint8_t>> owned_bytes_;  // repacked tensors
 };
 
 }  // namespace baton
