@@ -15,7 +15,9 @@
 #   scripts/gpu_check.sh --stash-model-part   on the GPU machine, first call
 #       (carry gpu-model-a): keeps the model's first part in /tmp/baton-gpu.
 #   scripts/gpu_check.sh             on the GPU machine, second call (carry
-#       gpu-bundle and gpu-model-b): joins the model, runs everything.
+#       gpu-bundle and gpu-model-b): joins the model, runs everything. When
+#       those two and the tree pass the 64 MiB a call carries, stash
+#       gpu-model-b too (--stash-model-part) and carry gpu-bundle alone.
 #
 # Without a device every GPU test reports SKIPPED and the benchmarks say so;
 # the table then says that nothing ran.
@@ -138,11 +140,15 @@ run_all() {
   local model="$STASH/model.gguf"
   if [[ -f gpu-model-b/part-01 && -f "$STASH/part-00" ]]; then
     cat "$STASH/part-00" gpu-model-b/part-01 >"$model"
+  elif [[ -f "$STASH/part-01" && -f "$STASH/part-00" ]]; then
+    cat "$STASH/part-00" "$STASH/part-01" >"$model"
   elif [[ -f gpu-model-a/part-00 && ! -f gpu-model-b/part-01 ]]; then
     cp gpu-model-a/part-00 "$model"
   fi
-  if [[ -f gpu-model-b/sha256 && -f "$model" ]]; then
-    [[ "$(sha256sum "$model" | awk '{print $1}')" == "$(cat gpu-model-b/sha256)" ]] ||
+  local sum=gpu-model-b/sha256
+  [[ -f "$sum" ]] || sum="$STASH/sha256"
+  if [[ -f "$sum" && -f "$model" ]]; then
+    [[ "$(sha256sum "$model" | awk '{print $1}')" == "$(cat "$sum")" ]] ||
       echo "WARNING: the joined model's sha256 differs; whole-model results are void"
   fi
   [[ -f "$model" ]] && export BATON_DEFAULT_MODEL="$model"
@@ -223,7 +229,9 @@ run_all() {
 case "${1:-}" in
   --pack) pack ;;
   --stash-model-part)
-    mkdir -p "$STASH" && cp gpu-model-a/part-00 "$STASH/" && ls -la "$STASH" ;;
+    # Whichever parts this call carried (gpu-model-a, gpu-model-b or both).
+    mkdir -p "$STASH" && cp gpu-model-a/part-00 gpu-model-b/part-01 gpu-model-b/sha256 "$STASH/" 2>/dev/null
+    ls -la "$STASH" ;;
   "") run_all ;;
   *) echo "usage: scripts/gpu_check.sh [--pack | --stash-model-part]" >&2; exit 2 ;;
 esac

@@ -27,26 +27,33 @@ absl::StatusOr<std::unique_ptr<CudaEngineRunner>> CudaEngineRunner::Create(
       CudaStatus(cudaStreamCreateWithFlags(&engine_runner->copy_stream_,
                                            cudaStreamNonBlocking),
                  "cudaStreamCreateWithFlags (KV staging stream)"));
-  // Page-locked staging makes the copies DMA; pageable memory still works
-  // (slower), so a refusal (e.g. RLIMIT_MEMLOCK) is reported and tolerated.
-  // Pinning commits the whole mirror in host RAM, so a pool beyond
-  // kMaxPinnedStagingBytes stays pageable (device-direct transports do not
-  // stage through it).
-  constexpr uint64_t kMaxPinnedStagingBytes = uint64_t{8} << 30;
-  const cudaError_t pinned =
-      cache->pool_bytes() > kMaxPinnedStagingBytes
-          ? cudaErrorMemoryAllocation
-          : cudaHostRegister(cache->LayerBlock(0, 0), cache->pool_bytes(),
-                             cudaHostRegisterDefault);
-  if (pinned == cudaSuccess) {
-    engine_runner->host_registered_ = true;
-  } else {
-    (void)cudaGetLastError();  // not sticky; clear it
-    std::fprintf(stderr,
-                 "baton: host KV pool (%llu bytes) not page-locked (%s); KV "
-                 "staging copies use pageable memory\n",
-                 static_cast<unsigned long long>(cache->pool_bytes()),
-                 cudaGetErrorString(pinned));
+  // The staging pool: whole blocks of every layer, no more than the device
+  // pool has. Page-locked so the copies are DMA; pageable memory still
+  // works (slower), so a refusal (e.g. RLIMIT_MEMLOCK) is reported and
+  // tolerated.
+  const uint64_t block_all_layers =
+      cache->chunk_bytes() * static_cast<uint64_t>(cache->layout().num_layers);
+  const int64_t staging_blocks = static_cast<int64_t>(
+      std::min<uint64_t>(options.host_staging_bytes / block_all_layers,
+                         static_cast<uint64_t>(cache->num_blocks_total())));
+  if (staging_blocks > 0) {
+    BATON_ASSIGN_OR_RETURN(
+        engine_runner->staging_,
+        KvCache::Create(KvCacheOptionsFor(cache->layout(), staging_blocks)));
+    KvCache& pool = *engine_runner->staging_;
+    const cudaError_t pinned =
+        cudaHostRegister(const_cast<uint8_t*>(pool.pool_data()),
+                         pool.pool_bytes(), cudaHostRegisterDefault);
+    if (pinned == cudaSuccess) {
+      engine_runner->host_registered_ = true;
+    } else {
+      (void)cudaGetLastError();  // not sticky; clear it
+      std::fprintf(stderr,
+                   "baton: host KV staging pool (%llu bytes) not page-locked "
+                   "(%s); KV staging copies use pageable memory\n",
+                   static_cast<unsigned long long>(pool.pool_bytes()),
+                   cudaGetErrorString(pinned));
+    }
   }
   return engine_runner;
 }
@@ -57,7 +64,9 @@ CudaEngineRunner::~CudaEngineRunner() {
     cudaStreamSynchronize(copy_stream_);
     cudaStreamDestroy(copy_stream_);
   }
-  if (host_registered_) cudaHostUnregister(cache_->LayerBlock(0, 0));
+  if (host_registered_) {
+    cudaHostUnregister(const_cast<uint8_t*>(staging_->pool_data()));
+  }
 }
 
 absl::Status CudaEngineRunner::Fail(absl::Status status) {
@@ -83,25 +92,39 @@ std::string CudaEngineRunner::device_name() const {
   return absl::StrCat("cuda:", runner_->device());
 }
 
-absl::Status CudaEngineRunner::CopyBlocks(int64_t layer,
-                                          std::span<const int32_t> blocks,
+absl::Status CudaEngineRunner::CopyStaged(int64_t layer,
+                                          const KvStagingCopy& copy,
                                           cudaMemcpyKind kind) {
   const uint64_t chunk = cache_->chunk_bytes();
   auto* device = static_cast<uint8_t*>(runner_->pool());
   const uint64_t layer_offset =
       static_cast<uint64_t>(layer) * runner_->num_blocks() * chunk;
+  const std::span<const int32_t> host_ids = copy.staged->block_ids();
+  const std::span<const int32_t> dev_ids = copy.table->block_ids();
+  if (copy.first_block < 0 ||
+      static_cast<size_t>(copy.first_block) + host_ids.size() >
+          dev_ids.size()) {
+    return absl::InternalError(
+        absl::StrCat("KV staging of ", host_ids.size(), " blocks from block ",
+                     copy.first_block, " of a table of ", dev_ids.size()));
+  }
+  const std::span<const int32_t> dev =
+      dev_ids.subspan(static_cast<size_t>(copy.first_block));
   size_t i = 0;
-  while (i < blocks.size()) {
+  while (i < host_ids.size()) {
     size_t end = i + 1;
-    while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1) ++end;
-    uint8_t* host = cache_->LayerBlock(layer, blocks[i]);
-    uint8_t* dev =
-        device + layer_offset + static_cast<uint64_t>(blocks[i]) * chunk;
+    while (end < host_ids.size() && dev[end] == dev[end - 1] + 1 &&
+           host_ids[end] == host_ids[end - 1] + 1) {
+      ++end;
+    }
+    uint8_t* host = copy.host->LayerBlock(layer, host_ids[i]);
+    uint8_t* on_device =
+        device + layer_offset + static_cast<uint64_t>(dev[i]) * chunk;
     const uint64_t bytes = (end - i) * chunk;
     const cudaError_t err =
         kind == cudaMemcpyDeviceToHost
-            ? cudaMemcpyAsync(host, dev, bytes, kind, copy_stream_)
-            : cudaMemcpyAsync(dev, host, bytes, kind, copy_stream_);
+            ? cudaMemcpyAsync(host, on_device, bytes, kind, copy_stream_)
+            : cudaMemcpyAsync(on_device, host, bytes, kind, copy_stream_);
     if (err != cudaSuccess) {
       return CudaStatus(err, "cudaMemcpyAsync (KV staging)");
     }
@@ -111,13 +134,13 @@ absl::Status CudaEngineRunner::CopyBlocks(int64_t layer,
 }
 
 absl::Status CudaEngineRunner::CopyLayerToHost(
-    int64_t layer, std::span<const BlockTable* const> tables) {
+    int64_t layer, std::span<const KvStagingCopy> copies) {
   BATON_RETURN_IF_ERROR(health());
   absl::Status status =
       CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
-  for (const BlockTable* table : tables) {
+  for (const KvStagingCopy& copy : copies) {
     if (!status.ok()) break;
-    status = CopyBlocks(layer, table->block_ids(), cudaMemcpyDeviceToHost);
+    status = CopyStaged(layer, copy, cudaMemcpyDeviceToHost);
   }
   if (status.ok()) {
     status = CudaStatus(cudaStreamSynchronize(copy_stream_),
@@ -127,21 +150,12 @@ absl::Status CudaEngineRunner::CopyLayerToHost(
   return status;
 }
 
-absl::Status CudaEngineRunner::CopyToDevice(const BlockTable& table,
-                                            int64_t first_block) {
+absl::Status CudaEngineRunner::CopyToDevice(const KvStagingCopy& copy) {
   BATON_RETURN_IF_ERROR(health());
   absl::Status status =
       CudaStatus(cudaSetDevice(runner_->device()), "cudaSetDevice");
-  // Only the blocks that hold the imported tokens; those before first_block
-  // are a prefix this pool holds already.
-  const int64_t end = std::min<int64_t>(
-      table.num_blocks(), cache_->BlocksNeeded(table.num_tokens()));
-  const std::span<const int32_t> blocks =
-      table.block_ids()
-          .first(static_cast<size_t>(end))
-          .subspan(static_cast<size_t>(std::min(first_block, end)));
   for (int64_t l = 0; status.ok() && l < cache_->layout().num_layers; ++l) {
-    status = CopyBlocks(l, blocks, cudaMemcpyHostToDevice);
+    status = CopyStaged(l, copy, cudaMemcpyHostToDevice);
   }
   if (status.ok()) {
     status = CudaStatus(cudaStreamSynchronize(copy_stream_),

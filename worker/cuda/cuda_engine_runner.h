@@ -1,10 +1,11 @@
 // The Engine's runner on a CUDA device (EngineOptions::make_runner): a
-// CudaModelRunner whose device KV pool mirrors the engine's host KvCache
-// (same layout, same block ids). The host cache stays the allocator and the
-// KV transports' staging area: a handoff's layers are copied device -> host
-// as each layer completes (CopyLayerToHost), an imported cache host ->
-// device before its first decode step (CopyToDevice). The host pool is
-// page-locked (cudaHostRegister) when possible so these copies are DMA.
+// CudaModelRunner whose device KV pool has the engine's KvCache layout and
+// block ids; the cache is its allocator alone (the engine drops its host
+// storage: reads_host_kv() is false). Host KV transports go through a
+// bounded, page-locked staging pool (host_staging()): a handoff's carried
+// blocks are copied device -> staging as each layer completes
+// (CopyLayerToHost), an import staging -> device before its first decode
+// step (CopyToDevice).
 //
 // Thread safety: as CudaModelRunner (one engine thread calls Forward and the
 // copies); health() and device_name() from any thread.
@@ -30,7 +31,8 @@ namespace baton {
 class CudaEngineRunner : public ForwardRunner {
  public:
   // `options.allocator` is replaced by `cache`, whose layout and block count
-  // size the device pool. Errors as CudaModelRunner::Create (device missing:
+  // size the device pool; options.host_staging_bytes sizes the staging
+  // pool. Errors as CudaModelRunner::Create (device missing:
   // FailedPrecondition; out of device memory: ResourceExhausted naming the
   // bytes).
   static absl::StatusOr<std::unique_ptr<CudaEngineRunner>> Create(
@@ -43,29 +45,32 @@ class CudaEngineRunner : public ForwardRunner {
                        const LayerDoneFn& on_layer_done) override;
   absl::Status health() const override;
   std::string device_name() const override;
-  absl::Status CopyLayerToHost(
-      int64_t layer, std::span<const BlockTable* const> tables) override;
-  absl::Status CopyToDevice(const BlockTable& table,
-                            int64_t first_block) override;
+  absl::Status CopyLayerToHost(int64_t layer,
+                               std::span<const KvStagingCopy> copies) override;
+  absl::Status CopyToDevice(const KvStagingCopy& copy) override;
   uint8_t* device_kv_pool() const override {
     return static_cast<uint8_t*>(runner_->pool());
   }
+  KvCache* host_staging() override { return staging_.get(); }
+  bool reads_host_kv() const override { return false; }
 
   CudaModelRunner& runner() { return *runner_; }
 
  private:
   CudaEngineRunner(KvCache* cache, std::unique_ptr<CudaModelRunner> runner)
       : cache_(cache), runner_(std::move(runner)) {}
-  // Copies chunks (layer, b) for b in `blocks` between the pools, runs of
-  // consecutive ids as one copy, and waits for them.
-  absl::Status CopyBlocks(int64_t layer, std::span<const int32_t> blocks,
+  // Queues the copies of layer `layer` of the staged blocks between the
+  // device pool and the staging cache, a run of consecutive ids on both
+  // sides as one copy.
+  absl::Status CopyStaged(int64_t layer, const KvStagingCopy& copy,
                           cudaMemcpyKind kind);
   absl::Status Fail(absl::Status status);
 
   KvCache* const cache_;
   std::unique_ptr<CudaModelRunner> runner_;
   cudaStream_t copy_stream_ = nullptr;
-  bool host_registered_ = false;
+  std::unique_ptr<KvCache> staging_;  // null: no staging pool
+  bool host_registered_ = false;      // staging_ is page-locked
   mutable absl::Mutex mu_;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
 };

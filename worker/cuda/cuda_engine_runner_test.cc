@@ -39,6 +39,8 @@ TEST_F(DisaggregationTest, CudaEngineGenerates) {
   auto engine = MakeEngine(512, 16, 256, Cuda0());
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(engine->device_name(), "cuda:0");
+  // The KV lives on the GPU alone: no host mirror of the pool.
+  EXPECT_FALSE(engine->kv_cache().has_host_storage());
   const std::vector<Case> cases = Cases();
   absl::Mutex mu;
   std::map<std::string, Outcome> results;
@@ -78,6 +80,23 @@ TEST_F(DisaggregationTest, CudaSplitMatchesCudaColocated) {
   for (const Case& c : cases) {
     EXPECT_EQ(split.at(c.id).tokens, colocated_one.at(c.id).tokens) << c.id;
     EXPECT_EQ(split.at(c.id).text, colocated_one.at(c.id).text) << c.id;
+  }
+}
+
+// Without a staging pool every transfer stages in pageable memory of its
+// own: same tokens as through the pool (the test above), every area freed
+// (RunDisaggregated's ExpectAllFree).
+TEST_F(DisaggregationTest, CudaSplitStagesOnItsOwnWithoutAPool) {
+  BATON_SKIP_WITHOUT_CUDA();
+  CudaRunnerOptions no_pool;
+  no_pool.host_staging_bytes = 0;
+  std::vector<Case> cases = Cases();
+  cases = {cases[1], cases[6]};
+  for (const Case& c : cases) {
+    const auto split =
+        RunDisaggregated({c}, 512, MakeCudaRunnerFactory(no_pool)).at(c.id);
+    const auto colocated = RunColocated({c}, Cuda0()).at(c.id);
+    EXPECT_EQ(split.tokens, colocated.tokens) << c.id;
   }
 }
 

@@ -103,6 +103,12 @@ struct CudaRunnerOptions {
   // device and pinned host memory each, the graph decode workspace
   // max_graph_batch * num_heads * 32 * (head_dim + 2) * 4 bytes.
   int64_t max_graph_batch = 64;
+  // Host staging pool of a CudaEngineRunner for the KV that host
+  // transports (TCP) carry: at most this many bytes (whole blocks of every
+  // layer, no more than the device pool), page-locked so the copies are
+  // DMA. A transfer that does not fit stages in pageable memory of its own
+  // (kv_staging.h). 0: no pool.
+  uint64_t host_staging_bytes = uint64_t{1} << 30;
 };
 
 class CudaModelRunner {

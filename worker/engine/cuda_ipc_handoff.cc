@@ -36,8 +36,7 @@ KvSinkFactory CudaIpcKvSinkFactory(CudaIpcPeerMappings* mappings,
             std::unique_ptr<CudaIpcKvSender> sender,
             CudaIpcKvSender::Connect(mappings, endpoint, transfer_id, options));
         return std::unique_ptr<KvSink>(std::make_unique<TransportKvSink>(
-            std::move(sender), transfer_id, model_id, info,
-            /*read_device_pool=*/true));
+            std::move(sender), transfer_id, model_id, info));
       };
 }
 

@@ -22,10 +22,9 @@ namespace baton {
 CudaIpcKvReceiverCallbacks CudaIpcImportCallbacks(Engine* engine);
 
 // Connects a CudaIpcKvSender to `endpoint` for `transfer_id` when the
-// handoff starts, reading the chunks from the sending engine's device pool
-// (TransportKvSink with read_device_pool); submit with
-// PrefillOptions::sink_reads_device_pool. `mappings` must outlive the
-// handoff.
+// handoff starts, reading the chunks from the sending engine's device pool;
+// submit with PrefillOptions::sink_reads_device_pool. `mappings` must outlive
+// the handoff.
 KvSinkFactory CudaIpcKvSinkFactory(CudaIpcPeerMappings* mappings,
                                    std::string endpoint, uint64_t transfer_id,
                                    std::string model_id = "",

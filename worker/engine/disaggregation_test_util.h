@@ -151,6 +151,7 @@ class DisaggregationTest : public testing::DefaultModelTest {
     EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
     EXPECT_EQ(s.num_imports, 0);
     EXPECT_EQ(s.num_handoffs, 0);
+    EXPECT_EQ(s.kv_staging_blocks_used, 0);
     EXPECT_TRUE(engine.kv_cache().CheckInvariants().ok());
   }
 

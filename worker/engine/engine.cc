@@ -47,6 +47,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                            ModelRunner::Create(weights, engine->cache_.get(),
                                                engine->pool_.get()));
   }
+  if (engine->runner_->device_kv_pool() != nullptr) {
+    engine->staging_ = std::make_unique<KvStagingPool>(
+        engine->runner_->host_staging(), engine->cache_->layout());
+    // The pool's bytes live on the device alone: unmap the host mapping
+    // (never touched, so never committed).
+    if (!engine->runner_->reads_host_kv()) engine->cache_->DropHostStorage();
+  }
   if (options.scheduler.max_num_seqs < 1 ||
       options.scheduler.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -166,6 +173,10 @@ EngineStats Engine::stats() {
   s.kv_blocks_cached = cache_->num_blocks_cached();
   s.kv_blocks_used = cache_->allocator().num_blocks_used();
   s.kv_evictions = cache_->allocator().num_evictions();
+  if (staging_ != nullptr) {
+    s.kv_staging_blocks_used = staging_->pool_blocks_used();
+    s.kv_staging_own_areas = staging_->own_areas();
+  }
   s.prefix_query_tokens =
       published_prefix_queries_.load(std::memory_order_relaxed) +
       import_prefix_queries_.load(std::memory_order_relaxed);
@@ -224,11 +235,17 @@ void Engine::Adopt(std::unique_ptr<Sequence> seq) {
       absl::MutexLock lock(&cache_mu_);
       scheduler_->AddRunning(raw);
     }
-    // An import that landed in the host cache: a device runner copies it in.
-    absl::Status s =
-        raw->kv_on_device
-            ? absl::OkStatus()
-            : runner_->CopyToDevice(raw->table, raw->import_first_block);
+    // An import staged on the host: the device runner copies it in, and
+    // the staging blocks go back at once.
+    absl::Status s;
+    if (raw->staged_import != nullptr) {
+      s = runner_->CopyToDevice(
+          KvStagingCopy{.table = &raw->table,
+                        .first_block = raw->import_first_block,
+                        .host = &raw->staged_import->cache(),
+                        .staged = &raw->staged_import->table()});
+      raw->staged_import.reset();
+    }
     if (!s.ok()) {
       EndEarly(
           raw, FinishReason::kError,
@@ -364,11 +381,11 @@ bool Engine::StepOnce() {
                     s.samples ? LogitsMode::kLast : LogitsMode::kNone});
   }
   // Prompts whose last chunk runs now stream each layer as it completes.
-  // A device runner first copies each finished layer of these sequences to
-  // the host cache the senders read; after a failed copy no further layer
-  // is released and the step fails.
+  // A device runner first copies each finished layer of those sent over a
+  // host transport to their staging blocks, which the senders read; after a
+  // failed copy no further layer is released and the step fails.
   std::vector<KvHandoff*> streaming;
-  std::vector<const BlockTable*> streaming_tables;
+  std::vector<KvStagingCopy> streaming_copies;
   std::vector<uint64_t> streaming_serials;
   // Handoffs of earlier steps still waiting for their confirmation.
   const bool confirming = !handing_off_.empty();
@@ -377,20 +394,24 @@ bool Engine::StepOnce() {
       StartHandoff(s.seq);
       streaming.push_back(s.seq->handoff.get());
       streaming_serials.push_back(s.seq->handoff_serial);
-      if (!s.seq->sink_reads_device_pool) {
-        streaming_tables.push_back(&s.seq->table);
+      if (const StagedKv* staged = s.seq->staged_handoff.get()) {
+        streaming_copies.push_back(
+            KvStagingCopy{.table = &s.seq->table,
+                          .first_block = s.seq->handoff_first_block,
+                          .host = &staged->cache(),
+                          .staged = &staged->table()});
       }
     }
   }
   absl::Status staging;
   LayerDoneFn on_layer = nullptr;
   if (!streaming.empty() || confirming) {
-    on_layer = [this, &streaming, &streaming_tables, &streaming_serials,
+    on_layer = [this, &streaming, &streaming_copies, &streaming_serials,
                 &staging, confirming](int64_t layer) {
       if (confirming) FinishHandoffsMidStep(streaming_serials);
       if (!staging.ok()) return;
-      if (!streaming_tables.empty()) {
-        staging = runner_->CopyLayerToHost(layer, streaming_tables);
+      if (!streaming_copies.empty()) {
+        staging = runner_->CopyLayerToHost(layer, streaming_copies);
         if (!staging.ok()) return;
       }
       for (KvHandoff* h : streaming) h->LayerReady(layer);

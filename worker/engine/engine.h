@@ -33,6 +33,7 @@
 #include "worker/engine/forward_runner.h"
 #include "worker/engine/kv_handoff.h"
 #include "worker/engine/kv_sink.h"
+#include "worker/engine/kv_staging.h"
 #include "worker/engine/model_runner.h"
 #include "worker/engine/model_weights.h"
 #include "worker/engine/prefill_rate.h"
@@ -66,9 +67,10 @@ struct EngineOptions {
   // KV pool byte budget when kv_cache_blocks == 0.
   uint64_t kv_cache_bytes = uint64_t{512} << 20;
   // --- device ---
-  // Builds the runner over the engine's host cache; null: the CPU
-  // ModelRunner. A device runner (e.g. MakeCudaRunnerFactory) keeps the live
-  // KV in device memory with the host cache's layout and block ids.
+  // Builds the runner over the engine's cache; null: the CPU ModelRunner. A
+  // device runner (e.g. MakeCudaRunnerFactory) keeps the live KV in device
+  // memory with the cache's layout and block ids; host transports then
+  // stage only the blocks they carry (kv_staging.h).
   ForwardRunnerFactory make_runner;
 };
 
@@ -79,9 +81,9 @@ struct PrefillOptions {
   // The handoff fails with DeadlineExceeded, and the blocks are freed, if
   // the sink has not confirmed the last layer this long after it started.
   Clock::duration timeout = std::chrono::seconds(30);
-  // The sink reads the layers from the runner's device pool itself
-  // (KvSinkInfo::device_pool, e.g. TransportKvSink with read_device_pool),
-  // so the engine does not stage them to the host cache first.
+  // The sink reads the layers from the runner's device pool itself (its
+  // chunks are device addresses; a CUDA IPC or NCCL sender), so the engine
+  // does not stage them to the host first.
   bool sink_reads_device_pool = false;
   // Blocks of the prompt the destination holds already
   // (ImportReservation::cached_blocks, carried by the coordinator): the
@@ -139,6 +141,11 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t kv_evictions = 0;
+  // A device runner's host staging (kv_staging.h): pool blocks held by
+  // transfers now, and transfers staged in memory of their own because the
+  // pool was full (since the engine started).
+  int64_t kv_staging_blocks_used = 0;
+  int64_t kv_staging_own_areas = 0;
   // Steps that ran a batch since the engine started: a worker whose count
   // stands still while it holds work has a wedged engine.
   int64_t steps = 0;
@@ -194,8 +201,10 @@ class Engine {
   // KvReceiverCallbacks::lookup: the reservation of transfer_id (NotFound if
   // none, FailedPrecondition if its transfer already started).
   // lands_on_device: the receiver writes the runner's device pool
-  // (device_kv_pool(), at the host cache's offsets) instead of the host
-  // cache, so the import is not copied in before decoding.
+  // (device_kv_pool(), at the cache's offsets). Otherwise, with a device
+  // runner, the target is a host staging area of just the carried blocks
+  // (ResourceExhausted if none can be mapped), copied into the device pool
+  // before the sequence decodes.
   absl::StatusOr<KvTransferTarget> ImportTarget(uint64_t transfer_id,
                                                 bool lands_on_device = false);
   // ImportTarget(transfer_id, true) for a device-direct receiver, which
@@ -298,7 +307,9 @@ class Engine {
     std::vector<BlockHash> prefix_hashes;
     BlockTable table;
     State state = State::kReserved;
-    bool on_device = false;  // the receiver writes the device pool
+    // Where a host transport writes the blocks it carries for a device
+    // runner (from the lookup on); null when the receiver writes the pool.
+    std::unique_ptr<StagedKv> staged;
     bool cancelled = false;  // Cancel arrived while transferring
     absl::Status error;      // kFailed: why
     std::function<void(absl::Status)> on_landed;
@@ -358,6 +369,9 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardRunner> runner_;
+  // With a device runner: host staging for host transports (before every
+  // table and handoff, which it outlives).
+  std::unique_ptr<KvStagingPool> staging_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
   BlockHash prefix_root_;

@@ -57,6 +57,31 @@ TEST_F(DisaggregationTest, DeviceRunnersHandOffThroughHostStaging) {
             static_cast<int64_t>(cases.size()) * weights_->config().num_layers);
   EXPECT_EQ(decode->tables_copied_to_device,
             static_cast<int64_t>(cases.size()));
+  // Through the staging pools, which are big enough.
+  EXPECT_GT(prefill->pooled_stagings, 0);
+  EXPECT_GT(decode->pooled_stagings, 0);
+  EXPECT_EQ(prefill->own_stagings + decode->own_stagings, 0);
+}
+
+// No staging pool, or one of a single block: transfers stage in memory of
+// their own, with the same tokens (RunDisaggregated also checks every
+// staging block is back).
+TEST_F(DisaggregationTest, TransfersBeyondTheStagingPoolStageOnTheirOwn) {
+  const std::vector<Case> all = Cases();
+  const std::vector<Case> cases = {all[1], all[6]};
+  const auto colocated = RunColocated(cases);
+  for (const int64_t staging_blocks : {0, 1}) {
+    auto prefill = std::make_shared<ShadowRunnerControl>();
+    auto decode = std::make_shared<ShadowRunnerControl>();
+    prefill->staging_blocks = decode->staging_blocks = staging_blocks;
+    ExpectSame(colocated,
+               RunDisaggregated(cases, 512, InOrder({prefill, decode})));
+    EXPECT_GT(prefill->own_stagings, 0) << staging_blocks;
+    EXPECT_GT(decode->own_stagings, 0) << staging_blocks;
+    if (staging_blocks == 0) {
+      EXPECT_EQ(prefill->pooled_stagings + decode->pooled_stagings, 0);
+    }
+  }
 }
 
 TEST_F(DisaggregationTest, ChunkedPrefillStagesEveryChunksLayers) {

@@ -46,20 +46,44 @@ void Engine::StartHandoff(Sequence* seq) {
   info.request_id = seq->request.id;
   info.layout = cache_->layout();
   info.num_tokens = seq->num_prompt;
-  info.host_pool = cache_->LayerBlock(0, 0);
-  info.device_pool = runner_->device_kv_pool();
   info.first_block = seq->handoff_first_block;
   const auto ids =
       seq->table.block_ids()
           .first(static_cast<size_t>(cache_->BlocksNeeded(seq->num_prompt)))
           .subspan(static_cast<size_t>(info.first_block));
+  std::vector<int32_t> block_ids(ids.begin(), ids.end());
+  KvSinkFactory make_sink = std::move(seq->make_sink);
+  KvPoolAddress pool;
+  if (device_kv_pool() == nullptr) {
+    pool = KvPoolAddress::Host(*cache_);
+  } else if (seq->sink_reads_device_pool) {
+    pool = KvPoolAddress::Device(*cache_, device_kv_pool());
+  } else {
+    // A host transport from a device pool: the step copies each layer of
+    // the carried blocks to a staging area as it completes.
+    absl::StatusOr<std::unique_ptr<StagedKv>> staged =
+        staging_->Acquire(static_cast<int64_t>(block_ids.size()));
+    if (staged.ok()) {
+      seq->staged_handoff = std::move(*staged);
+      pool = KvPoolAddress::Host(seq->staged_handoff->cache());
+      const auto staged_ids = seq->staged_handoff->table().block_ids();
+      block_ids.assign(staged_ids.begin(), staged_ids.end());
+    } else {
+      // The handoff fails with the reason as its sink opens.
+      make_sink =
+          [error = staged.status()](
+              const KvSinkInfo&) -> absl::StatusOr<std::unique_ptr<KvSink>> {
+        return PrefixStatus("staging the KV on the host for its handoff: ",
+                            error);
+      };
+    }
+  }
   const uint64_t serial = next_handoff_serial_++;
   seq->handoff_serial = serial;
   seq->handoff_deadline = Clock::now() + seq->handoff_timeout;
   seq->handoff =
-      std::make_unique<KvHandoff>(cache_.get(), std::move(info),
-                                  std::vector<int32_t>(ids.begin(), ids.end()),
-                                  std::move(seq->make_sink), [this, serial] {
+      std::make_unique<KvHandoff>(pool, std::move(info), std::move(block_ids),
+                                  std::move(make_sink), [this, serial] {
                                     absl::MutexLock lock(&inbox_mu_);
                                     handoffs_done_.push_back(serial);
                                   });
@@ -247,8 +271,19 @@ absl::StatusOr<KvTransferTarget> Engine::ImportTarget(uint64_t transfer_id,
         absl::StrCat("KV transfer ", transfer_id, " for '", slot->request_id,
                      "' already started"));
   }
+  if (!lands_on_device && staging_ != nullptr) {
+    // A host transport into a device pool: it writes the carried blocks to
+    // a staging area, copied in when the sequence is adopted.
+    absl::StatusOr<std::unique_ptr<StagedKv>> staged = staging_->Acquire(
+        cache_->BlocksNeeded(slot->num_tokens) - slot->first_block);
+    if (!staged.ok()) {
+      return PrefixStatus(
+          absl::StrCat("staging KV transfer ", transfer_id, " on the host: "),
+          staged.status());
+    }
+    slot->staged = std::move(*staged);
+  }
   slot->state = ImportSlot::State::kTransferring;
-  slot->on_device = lands_on_device;
   return TargetOf(*slot);
 }
 
@@ -262,6 +297,12 @@ KvTransferTarget Engine::TargetOf(const ImportSlot& slot) {
   target.cache_mutex = &cache_mu_;
   target.expected_model_id = slot.model_id;
   target.expected_request_id = slot.request_id;
+  if (slot.staged != nullptr) {
+    target.cache = &slot.staged->cache();
+    target.table = &slot.staged->table();
+    target.cache_mutex = slot.staged->mutex();
+    target.staged = true;
+  }
   return target;
 }
 
@@ -307,6 +348,7 @@ void Engine::ImportDone(uint64_t transfer_id, absl::Status status) {
       slot->state = ImportSlot::State::kLanded;
     } else {
       cache_->Free(slot->table);
+      slot->staged.reset();
       slot->state = ImportSlot::State::kFailed;
       slot->error = status;
     }
@@ -415,7 +457,7 @@ absl::Status Engine::StartImportedDecode(GenerationRequest request,
           " blocks differ from those of the prompt ReserveKv was given"));
     }
     seq->table = std::move(slot->table);
-    seq->kv_on_device = slot->on_device;
+    seq->staged_import = std::move(slot->staged);
     seq->import_first_block = slot->first_block;
     seq->num_published = slot->first_block;
     BATON_CHECK(cache_->SetNumTokens(seq->table, slot->num_tokens).ok());

@@ -39,15 +39,16 @@ class FaultInjectingRunner : public ForwardRunner {
     return inner_->health();
   }
   std::string device_name() const override { return inner_->device_name(); }
-  absl::Status CopyLayerToHost(
-      int64_t layer, std::span<const BlockTable* const> tables) override {
-    return inner_->CopyLayerToHost(layer, tables);
+  absl::Status CopyLayerToHost(int64_t layer,
+                               std::span<const KvStagingCopy> copies) override {
+    return inner_->CopyLayerToHost(layer, copies);
   }
-  absl::Status CopyToDevice(const BlockTable& table,
-                            int64_t first_block) override {
-    return inner_->CopyToDevice(table, first_block);
+  absl::Status CopyToDevice(const KvStagingCopy& copy) override {
+    return inner_->CopyToDevice(copy);
   }
   uint8_t* device_kv_pool() const override { return inner_->device_kv_pool(); }
+  KvCache* host_staging() override { return inner_->host_staging(); }
+  bool reads_host_kv() const override { return inner_->reads_host_kv(); }
 
  private:
   const std::unique_ptr<ForwardRunner> inner_;

@@ -16,10 +16,22 @@ double Seconds(Clock::duration d) {
 
 }  // namespace
 
-KvHandoff::KvHandoff(const KvCache* cache, KvSinkInfo info,
+KvPoolAddress KvPoolAddress::Host(const KvCache& cache) {
+  return Device(cache, cache.pool_data());
+}
+
+KvPoolAddress KvPoolAddress::Device(const KvCache& cache, const uint8_t* pool) {
+  return KvPoolAddress{
+      .base = pool,
+      .layer_stride =
+          static_cast<uint64_t>(cache.num_blocks_total()) * cache.chunk_bytes(),
+      .chunk_bytes = cache.chunk_bytes()};
+}
+
+KvHandoff::KvHandoff(KvPoolAddress pool, KvSinkInfo info,
                      std::vector<int32_t> block_ids, KvSinkFactory make_sink,
                      std::function<void()> on_done)
-    : cache_(cache),
+    : pool_(pool),
       info_(std::move(info)),
       block_ids_(std::move(block_ids)),
       make_sink_(std::move(make_sink)),
@@ -76,7 +88,7 @@ KvHandoffResult KvHandoff::result() const {
 
 void KvHandoff::Run() {
   const int64_t num_layers = info_.layout.num_layers;
-  const uint64_t chunk = cache_->chunk_bytes();
+  const uint64_t chunk = pool_.chunk_bytes;
   std::vector<std::span<const uint8_t>> chunks(block_ids_.size());
   absl::Status status;
   std::unique_ptr<KvSink> sink;
@@ -103,7 +115,7 @@ void KvHandoff::Run() {
     }
     // Addresses only; the bytes are read under gate_ by the sink.
     for (size_t i = 0; i < block_ids_.size(); ++i) {
-      chunks[i] = {cache_->LayerBlock(layer, block_ids_[i]), chunk};
+      chunks[i] = {pool_.Chunk(layer, block_ids_[i]), chunk};
     }
     status = sink->SendLayerChunks(layer, chunks, gate_);
     bytes += chunks.size() * chunk;

@@ -35,6 +35,25 @@
 
 namespace baton {
 
+// Where a handoff reads chunk (layer, block) of a pool with its layout:
+// base + layer * layer_stride + block * chunk_bytes. Host memory, or a
+// device pool's addresses for a sink that reads device memory.
+struct KvPoolAddress {
+  const uint8_t* base = nullptr;
+  uint64_t layer_stride = 0;
+  uint64_t chunk_bytes = 0;
+
+  const uint8_t* Chunk(int64_t layer, int32_t block) const {
+    return base + static_cast<uint64_t>(layer) * layer_stride +
+           static_cast<uint64_t>(block) * chunk_bytes;
+  }
+  // The host bytes of `cache` (REQUIRES: cache.has_host_storage()).
+  static KvPoolAddress Host(const KvCache& cache);
+  // A device pool laid out like `cache`'s blocks (ForwardRunner::
+  // device_kv_pool).
+  static KvPoolAddress Device(const KvCache& cache, const uint8_t* pool);
+};
+
 struct KvHandoffResult {
   // OK iff the sink confirmed every layer.
   absl::Status status;
@@ -44,11 +63,12 @@ struct KvHandoffResult {
 class KvHandoff {
  public:
   // Starts the sender thread, which opens the sink with make_sink(info).
-  // block_ids: the sequence's first BlocksNeeded(info.num_tokens) blocks.
-  // on_done runs once on the sender thread when the result is final.
-  KvHandoff(const KvCache* cache, KvSinkInfo info,
-            std::vector<int32_t> block_ids, KvSinkFactory make_sink,
-            std::function<void()> on_done);
+  // block_ids: in `pool`, the blocks the handoff carries (the sequence's
+  // blocks [info.first_block, BlocksNeeded(info.num_tokens)), or where they
+  // are staged). on_done runs once on the sender thread when the result is
+  // final.
+  KvHandoff(KvPoolAddress pool, KvSinkInfo info, std::vector<int32_t> block_ids,
+            KvSinkFactory make_sink, std::function<void()> on_done);
   // Aborts with Cancelled unless finished, and joins the thread.
   ~KvHandoff();
   KvHandoff(const KvHandoff&) = delete;
@@ -84,7 +104,7 @@ class KvHandoff {
 
   void Run();
 
-  const KvCache* cache_;
+  const KvPoolAddress pool_;
   const KvSinkInfo info_;
   const std::vector<int32_t> block_ids_;
   KvSinkFactory make_sink_;

@@ -29,10 +29,8 @@ absl::Status KvSink::SendLayerChunks(
 
 TransportKvSink::TransportKvSink(std::unique_ptr<KvSender> sender,
                                  uint64_t transfer_id, std::string model_id,
-                                 const KvSinkInfo& info, bool read_device_pool)
-    : sender_(std::move(sender)),
-      info_(info),
-      read_device_pool_(read_device_pool) {
+                                 const KvSinkInfo& info)
+    : sender_(std::move(sender)) {
   header_.transfer_id = transfer_id;
   header_.request_id = info.request_id;
   header_.model_id = std::move(model_id);
@@ -57,23 +55,7 @@ absl::Status TransportKvSink::SendLayerChunks(
   header_.layer = layer;
   header_.payload_bytes = total;
   header_.checksum = 0;  // each chunk hashed under the gate as it goes out
-  if (read_device_pool_) {
-    const std::vector<std::span<const uint8_t>> device =
-        DevicePoolChunks(info_, chunks);
-    return sender_->SendLayerChunks(header_, device, &gate);
-  }
   return sender_->SendLayerChunks(header_, chunks, &gate);
-}
-
-std::vector<std::span<const uint8_t>> DevicePoolChunks(
-    const KvSinkInfo& info, std::span<const std::span<const uint8_t>> chunks) {
-  std::vector<std::span<const uint8_t>> out(chunks.begin(), chunks.end());
-  if (info.device_pool == nullptr) return out;
-  for (std::span<const uint8_t>& c : out) {
-    const auto offset = static_cast<uint64_t>(c.data() - info.host_pool);
-    c = std::span<const uint8_t>(info.device_pool + offset, c.size());
-  }
-  return out;
 }
 
 KvSinkFactory TcpKvSinkFactory(std::string endpoint, uint64_t transfer_id,

@@ -30,16 +30,7 @@ struct KvSinkInfo {
   // The destination holds the sequence's blocks before this one (a cached
   // prefix): each layer carries the chunks from here on.
   int64_t first_block = 0;
-  // Chunk (0, 0) of the host cache, and of the runner's device pool (null
-  // when the host cache is the live cache); see DevicePoolChunks.
-  const uint8_t* host_pool = nullptr;
-  const uint8_t* device_pool = nullptr;
 };
-
-// The same chunks in the device pool (same offsets from info.device_pool as
-// from info.host_pool); `chunks` unchanged when there is no device pool.
-std::vector<std::span<const uint8_t>> DevicePoolChunks(
-    const KvSinkInfo& info, std::span<const std::span<const uint8_t>> chunks);
 
 // One handoff. Driven by one thread: SendLayer(0) ... SendLayer(L-1) (each
 // layer through SendLayer or SendLayerChunks), Finish(); or Abort(reason) at
@@ -51,11 +42,13 @@ class KvSink {
   virtual ~KvSink() = default;
   virtual absl::Status SendLayer(int64_t layer,
                                  std::span<const uint8_t> bytes) = 0;
-  // The same layer as its chunks in the pool (KvCache::LayerChunks order),
-  // read in place: only between gate.Enter() and gate.Exit(), and never
-  // after Enter() returned false (the owner revoked the memory; return
-  // Cancelled then). The bytes do not change during the call. The default
-  // copies the chunks under the gate and calls SendLayer.
+  // The same layer as its chunks in the pool (KvCache::LayerChunks order):
+  // host memory, or the device pool's when the handoff was submitted with
+  // PrefillOptions::sink_reads_device_pool. Read in place: only between
+  // gate.Enter() and gate.Exit(), and never after Enter() returned false (the
+  // owner revoked the memory; return Cancelled then). The bytes do not change
+  // during the call. The default copies the chunks under the gate and calls
+  // SendLayer.
   virtual absl::Status SendLayerChunks(
       int64_t layer, std::span<const std::span<const uint8_t>> chunks,
       KvReadGate& gate);
@@ -73,16 +66,13 @@ using KvSinkFactory =
 // payload bytes) for every layer, with checksum 0: the sender computes the
 // checksum as it sends (TcpKvSender hashes each chunk just before its
 // sendmsg; the NCCL sender carries none). SendLayerChunks hands the chunks
-// to KvSender::SendLayerChunks in place (no copy, no separate pass).
-//
-// read_device_pool: SendLayerChunks hands the sender the chunks' device-pool
-// addresses (DevicePoolChunks) instead, for senders that read device memory
-// (CUDA IPC, NCCL); pair it with PrefillOptions::sink_reads_device_pool.
+// to KvSender::SendLayerChunks in place (no copy, no separate pass): device
+// addresses for a sender that reads device memory (CUDA IPC, NCCL) when the
+// prefill was submitted with PrefillOptions::sink_reads_device_pool.
 class TransportKvSink : public KvSink {
  public:
   TransportKvSink(std::unique_ptr<KvSender> sender, uint64_t transfer_id,
-                  std::string model_id, const KvSinkInfo& info,
-                  bool read_device_pool = false);
+                  std::string model_id, const KvSinkInfo& info);
   absl::Status SendLayer(int64_t layer,
                          std::span<const uint8_t> bytes) override;
   absl::Status SendLayerChunks(int64_t layer,
@@ -96,8 +86,6 @@ class TransportKvSink : public KvSink {
  private:
   std::unique_ptr<KvSender> sender_;
   KvTransferHeader header_;
-  KvSinkInfo info_;
-  bool read_device_pool_;
 };
 
 // A factory connecting a TcpKvSender to `endpoint` for `transfer_id` when

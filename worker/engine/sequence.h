@@ -12,6 +12,7 @@
 #include "model/tokenizer/incremental_decoder.h"
 #include "worker/engine/kv_handoff.h"
 #include "worker/engine/kv_sink.h"
+#include "worker/engine/kv_staging.h"
 #include "worker/engine/request.h"
 #include "worker/kv_cache/block_table.h"
 #include "worker/kv_cache/prefix_hash.h"
@@ -46,7 +47,10 @@ struct Sequence {
   bool sink_reads_device_pool = false;  // no host staging for the handoff
   // Blocks the destination holds already; the handoff sends those after.
   int64_t handoff_first_block = 0;
-  // Started with the step that runs the prompt's last chunk.
+  // Started with the step that runs the prompt's last chunk. A device
+  // runner's handoff over a host transport reads staged_handoff, which the
+  // step fills layer by layer (ForwardRunner::CopyLayerToHost).
+  std::unique_ptr<StagedKv> staged_handoff;
   std::unique_ptr<KvHandoff> handoff;
   uint64_t handoff_serial = 0;
   Clock::time_point handoff_deadline;
@@ -56,8 +60,9 @@ struct Sequence {
   // The first output, produced when the imported tokens were replayed into
   // the detokenizer and stop checker; sent when the engine adopts it.
   std::optional<RequestOutput> initial_output;
-  // The import landed in the runner's device pool (no CopyToDevice).
-  bool kv_on_device = false;
+  // A device runner's import that arrived over a host transport: the
+  // staged blocks, copied into the pool when the engine adopts it.
+  std::unique_ptr<StagedKv> staged_import;
   // Blocks of the imported prompt that were this engine's cached prefix
   // (not transferred, so not copied to the device either).
   int64_t import_first_block = 0;

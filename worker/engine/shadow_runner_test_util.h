@@ -1,11 +1,13 @@
 // A stand-in for a device runner, for engine tests without a device: the
 // CPU ModelRunner computes, but between steps the live KV of every block a
-// batch touched lives in a separate "device" copy and the host cache holds
-// a poison pattern there, as it would hold stale bytes under a real device
-// runner. So a handoff sends the right KV only if the engine called
-// CopyLayerToHost, and an imported sequence decodes correctly only if the
-// engine called CopyToDevice. Faults can be injected into Forward and the
-// copies.
+// batch touched lives in a separate "device" copy and the engine's cache
+// holds a poison pattern there, as a device runner's cache holds no live
+// KV. So a handoff over a host transport sends the right KV only if the
+// engine staged it (CopyLayerToHost into its staging blocks), and an
+// imported sequence decodes correctly only if the engine called
+// CopyToDevice. The staging pool has control->staging_blocks blocks (0:
+// none, so every transfer stages in memory of its own). Faults can be
+// injected into Forward and the copies.
 #ifndef BATON_WORKER_ENGINE_SHADOW_RUNNER_TEST_UTIL_H_
 #define BATON_WORKER_ENGINE_SHADOW_RUNNER_TEST_UTIL_H_
 
@@ -35,10 +37,16 @@ struct ShadowRunnerControl {
   std::atomic<bool> fail_copy_to_device{false};
   // Copies do nothing (an engine that skipped them) when set.
   std::atomic<bool> skip_copies{false};
+  // Blocks of the host staging pool (set before the runner is created).
+  int64_t staging_blocks = 64;
   // Observed calls.
   std::atomic<int64_t> forwards{0};
   std::atomic<int64_t> table_layers_copied_to_host{0};  // per table
   std::atomic<int64_t> tables_copied_to_device{0};
+  // Staging copies (a table and layer each) through the runner's staging
+  // pool / through an area of its own.
+  std::atomic<int64_t> pooled_stagings{0};
+  std::atomic<int64_t> own_stagings{0};
 };
 
 class ShadowRunner : public ForwardRunner {
@@ -51,7 +59,13 @@ class ShadowRunner : public ForwardRunner {
       : inner_(std::move(inner)),
         cache_(cache),
         control_(std::move(control)),
-        device_(new uint8_t[cache->pool_bytes()]()) {}
+        device_(new uint8_t[cache->pool_bytes()]()) {
+    if (control_->staging_blocks > 0) {
+      staging_ = std::move(KvCache::Create(KvCacheOptionsFor(
+                               cache->layout(), control_->staging_blocks)))
+                     .value();
+    }
+  }
 
   static ForwardRunnerFactory Factory(
       std::shared_ptr<ShadowRunnerControl> control) {
@@ -95,34 +109,29 @@ class ShadowRunner : public ForwardRunner {
   std::string device_name() const override { return "shadow:0"; }
   uint8_t* device_kv_pool() const override { return device_.get(); }
 
-  absl::Status CopyLayerToHost(
-      int64_t layer, std::span<const BlockTable* const> tables) override {
+  KvCache* host_staging() override { return staging_.get(); }
+
+  absl::Status CopyLayerToHost(int64_t layer,
+                               std::span<const KvStagingCopy> copies) override {
     if (control_->fail_copy_to_host) {
       return absl::InternalError("injected copy-to-host fault");
     }
     if (control_->skip_copies) return absl::OkStatus();
-    for (const BlockTable* table : tables) {
-      Restore(*table, layer);
+    for (const KvStagingCopy& copy : copies) {
+      Stage(copy, layer, /*to_host=*/true);
       ++control_->table_layers_copied_to_host;
     }
     return absl::OkStatus();
   }
 
-  absl::Status CopyToDevice(const BlockTable& table,
-                            int64_t first_block) override {
+  absl::Status CopyToDevice(const KvStagingCopy& copy) override {
     if (control_->fail_copy_to_device) {
       return absl::InternalError("injected copy-to-device fault");
     }
     if (control_->skip_copies) return absl::OkStatus();
-    // Only the imported blocks: the device holds the cached prefix already,
-    // and a copy of its poisoned host blocks would change the tokens.
-    const std::span<const int32_t> blocks =
-        table.block_ids().subspan(static_cast<size_t>(first_block));
+    // Only the imported blocks: the device holds the cached prefix already.
     for (int64_t l = 0; l < cache_->layout().num_layers; ++l) {
-      for (int32_t b : blocks) {
-        std::memcpy(DeviceChunk(l, b), cache_->LayerBlock(l, b),
-                    cache_->chunk_bytes());
-      }
+      Stage(copy, l, /*to_host=*/false);
     }
     ++control_->tables_copied_to_device;
     return absl::OkStatus();
@@ -151,10 +160,22 @@ class ShadowRunner : public ForwardRunner {
       }
     }
   }
-  void Restore(const BlockTable& table, int64_t layer) {
-    for (int32_t b : table.block_ids()) {
-      std::memcpy(cache_->LayerBlock(layer, b), DeviceChunk(layer, b),
-                  cache_->chunk_bytes());
+  // Between the device chunks of copy.table's blocks from first_block on
+  // and the staged blocks, one layer.
+  void Stage(const KvStagingCopy& copy, int64_t layer, bool to_host) {
+    ++(copy.host == staging_.get() ? control_->pooled_stagings
+                                   : control_->own_stagings);
+    const std::span<const int32_t> staged = copy.staged->block_ids();
+    for (size_t i = 0; i < staged.size(); ++i) {
+      uint8_t* device = DeviceChunk(
+          layer,
+          copy.table->block_ids()[static_cast<size_t>(copy.first_block) + i]);
+      uint8_t* host = copy.host->LayerBlock(layer, staged[i]);
+      if (to_host) {
+        std::memcpy(host, device, cache_->chunk_bytes());
+      } else {
+        std::memcpy(device, host, cache_->chunk_bytes());
+      }
     }
   }
 
@@ -162,6 +183,7 @@ class ShadowRunner : public ForwardRunner {
   KvCache* cache_;
   std::shared_ptr<ShadowRunnerControl> control_;
   std::unique_ptr<uint8_t[]> device_;  // the "device" pool
+  std::unique_ptr<KvCache> staging_;
   mutable absl::Mutex mu_;
   absl::Status health_;
 };

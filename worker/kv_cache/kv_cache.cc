@@ -42,6 +42,17 @@ absl::Status CheckLayer(int64_t layer, int64_t num_layers) {
 
 }  // namespace
 
+KvCacheOptions KvCacheOptionsFor(const KvLayout& layout, int64_t num_blocks) {
+  KvCacheOptions o;
+  o.num_layers = layout.num_layers;
+  o.num_kv_heads = layout.num_kv_heads;
+  o.head_dim = layout.head_dim;
+  o.block_size = layout.block_size;
+  o.dtype = layout.dtype;
+  o.num_blocks = num_blocks;
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
     const KvCacheOptions& options) {
   KvLayout layout{.num_layers = options.num_layers,
@@ -88,20 +99,30 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
         absl::StrCat("KV pool of ", num_blocks, " blocks x ", block_all_layers,
                      " bytes overflows 64 bits"));
   }
-  BATON_ASSIGN_OR_RETURN(std::unique_ptr<KvPoolMemory> memory,
-                         KvPoolMemory::Allocate(total_bytes, options.prefault));
+  std::unique_ptr<KvPoolMemory> memory;
+  if (options.host_storage) {
+    BATON_ASSIGN_OR_RETURN(
+        memory, KvPoolMemory::Allocate(total_bytes, options.prefault));
+  }
   return std::unique_ptr<KvCache>(
-      new KvCache(layout, num_blocks, std::move(memory)));
+      new KvCache(layout, num_blocks, total_bytes, std::move(memory)));
 }
 
 KvCache::KvCache(const KvLayout& layout, int64_t num_blocks,
-                 std::unique_ptr<KvPoolMemory> memory)
+                 uint64_t pool_bytes, std::unique_ptr<KvPoolMemory> memory)
     : layout_(layout),
       num_blocks_(num_blocks),
       chunk_bytes_(layout.chunk_bytes()),
       layer_bytes_(layout.chunk_bytes() * static_cast<uint64_t>(num_blocks)),
+      pool_bytes_(pool_bytes),
       memory_(std::move(memory)),
       allocator_(num_blocks, layout.block_size) {}
+
+const uint8_t* KvCache::pool_data() const {
+  BATON_CHECK(memory_ != nullptr)
+      << "KV bytes of a cache without host storage (they live on a device)";
+  return memory_->data();
+}
 
 uint8_t* KvCache::LayerBlock(int64_t layer, int32_t block) {
   return const_cast<uint8_t*>(std::as_const(*this).LayerBlock(layer, block));
@@ -110,7 +131,7 @@ uint8_t* KvCache::LayerBlock(int64_t layer, int32_t block) {
 const uint8_t* KvCache::LayerBlock(int64_t layer, int32_t block) const {
   BATON_CHECK(layer >= 0 && layer < layout_.num_layers) << "layer " << layer;
   BATON_CHECK(block >= 0 && block < num_blocks_) << "block " << block;
-  return memory_->data() + static_cast<uint64_t>(layer) * layer_bytes_ +
+  return pool_data() + static_cast<uint64_t>(layer) * layer_bytes_ +
          static_cast<uint64_t>(block) * chunk_bytes_;
 }
 
@@ -152,7 +173,7 @@ void KvCache::WriteKvRange(const BlockTable& table, int64_t layer,
   const uint64_t head_bytes = layout_.head_bytes();
   const uint64_t v_offset = layout_.half_chunk_bytes();
   for (int64_t i = 0; i < count; ++i) {
-    uint8_t* key = memory_->data() + KeyOffset(table, layer, first + i);
+    uint8_t* key = mutable_pool_data() + KeyOffset(table, layer, first + i);
     const float* k_row = k + i * kv_dim;
     const float* v_row = v + i * kv_dim;
     for (int64_t h = 0; h < layout_.num_kv_heads; ++h) {
@@ -168,7 +189,7 @@ void KvCache::ReadKv(const BlockTable& table, int64_t layer, int64_t position,
   const int64_t head_dim = layout_.head_dim;
   const uint64_t head_bytes = layout_.head_bytes();
   const uint64_t v_offset = layout_.half_chunk_bytes();
-  const uint8_t* key = memory_->data() + KeyOffset(table, layer, position);
+  const uint8_t* key = pool_data() + KeyOffset(table, layer, position);
   for (int64_t h = 0; h < layout_.num_kv_heads; ++h) {
     const uint8_t* src = key + static_cast<uint64_t>(h) * head_bytes;
     LoadRow(src, head_dim, layout_.dtype, k + h * head_dim);

@@ -57,7 +57,19 @@ struct KvCacheOptions {
   // faults (Create then takes about one memset of the pool). Off: pages are
   // committed on first use.
   bool prefault = false;
+
+  // --- Storage ---
+  // False: the cache is the allocator and layout of a pool whose bytes live
+  // elsewhere (a device runner's pool, ForwardRunner::device_kv_pool): no
+  // host memory is mapped, and every call that reads or writes KV bytes
+  // (LayerBlock, WriteKv, ExportLayer, LayerChunks, ...) is a programming
+  // error.
+  bool host_storage = true;
 };
+
+// Options for a pool of num_blocks blocks of `layout` (e.g. a staging pool
+// beside another cache).
+KvCacheOptions KvCacheOptionsFor(const KvLayout& layout, int64_t num_blocks);
 
 // Read view of one layer of the pool for an attention kernel walking a
 // sequence's blocks in order. Keys(b, h) points at [block_size][head_dim]
@@ -104,8 +116,16 @@ class KvCache {
   const KvLayout& layout() const { return layout_; }
   int64_t block_size() const { return layout_.block_size; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
-  // Bytes of the whole pool: num_layers * num_blocks_total * chunk_bytes.
-  uint64_t pool_bytes() const { return memory_->size(); }
+  // Bytes of the whole pool: num_layers * num_blocks_total * chunk_bytes
+  // (mapped on the host only when has_host_storage()).
+  uint64_t pool_bytes() const { return pool_bytes_; }
+  // KvCacheOptions::host_storage.
+  bool has_host_storage() const { return memory_ != nullptr; }
+  // The host bytes of the pool; REQUIRES: has_host_storage().
+  const uint8_t* pool_data() const;
+  // Unmaps the host bytes (their KV lives elsewhere from now on, e.g. in a
+  // device runner's pool); has_host_storage() is false afterwards.
+  void DropHostStorage() { memory_.reset(); }
 
   // --- Accounting (BlockAllocator): num_blocks_free() counts the blocks
   // no sequence holds, empty or cached; num_blocks_free() +
@@ -203,8 +223,9 @@ class KvCache {
   }
 
  private:
-  KvCache(const KvLayout& layout, int64_t num_blocks,
+  KvCache(const KvLayout& layout, int64_t num_blocks, uint64_t pool_bytes,
           std::unique_ptr<KvPoolMemory> memory);
+  uint8_t* mutable_pool_data() { return const_cast<uint8_t*>(pool_data()); }
 
   void CheckOwner(const BlockTable& table) const {
     allocator_.CheckOwner(table);
@@ -221,7 +242,8 @@ class KvCache {
   int64_t num_blocks_;
   uint64_t chunk_bytes_;
   uint64_t layer_bytes_;  // num_blocks_ * chunk_bytes_
-  std::unique_ptr<KvPoolMemory> memory_;
+  uint64_t pool_bytes_;
+  std::unique_ptr<KvPoolMemory> memory_;  // null without host storage
   BlockAllocator allocator_;
 };
 

@@ -355,6 +355,42 @@ TEST(KvCacheTest, UnallocatablePoolIsResourceExhausted) {
   EXPECT_THAT(cache.status().message(), HasSubstr("overflows 64 bits"));
 }
 
+// The allocator of a pool whose bytes live on a device: same accounting,
+// nothing mapped (a pool far beyond this host's memory is fine), and no way
+// to touch bytes that are not there (LayerBlock and the data calls fail a
+// check).
+TEST(KvCacheTest, WithoutHostStorageOnlyTheAllocatorRemains) {
+  KvCacheOptions options;
+  options.num_layers = 32;
+  options.num_kv_heads = 8;
+  options.head_dim = 128;
+  options.max_bytes = uint64_t{1} << 40;  // 1 TiB of KV
+  options.host_storage = false;
+  std::unique_ptr<KvCache> cache = MakeCache(options);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_FALSE(cache->has_host_storage());
+  EXPECT_EQ(cache->pool_bytes(),
+            static_cast<uint64_t>(cache->num_blocks_total()) * 32u *
+                cache->chunk_bytes());
+  BlockTable table;
+  ASSERT_TRUE(cache->Reserve(table, 1000).ok());
+  EXPECT_EQ(cache->num_blocks_used(), cache->BlocksNeeded(1000));
+  ExpectConsistent(*cache, {&table});
+  cache->Free(table);
+  ExpectConsistent(*cache, {});
+
+  // Dropped after creation: the same, with the allocation state kept.
+  std::unique_ptr<KvCache> dropped = MakeCache(SmallOptions(8));
+  ASSERT_NE(dropped, nullptr);
+  ASSERT_TRUE(dropped->has_host_storage());
+  ASSERT_TRUE(dropped->Reserve(table, 20).ok());
+  dropped->DropHostStorage();
+  EXPECT_FALSE(dropped->has_host_storage());
+  EXPECT_EQ(dropped->num_blocks_used(), dropped->BlocksNeeded(20));
+  dropped->Free(table);
+  ExpectConsistent(*dropped, {});
+}
+
 TEST(KvCacheTest, LayerChunksAreTheExportedBytesInTableOrder) {
   std::unique_ptr<KvCache> cache = MakeCache(SmallOptions(12));
   ASSERT_NE(cache, nullptr);

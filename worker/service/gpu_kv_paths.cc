@@ -2,11 +2,30 @@
 
 #include <utility>
 
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_engine_runner.h"
 #include "worker/engine/cuda_ipc_handoff.h"
 
+ABSL_FLAG(int64_t, kv_host_staging_mib, 1024,
+          "with --device=cuda:N: page-locked host memory in MiB for the KV "
+          "that host transports (TCP) carry, at most the KV pool's size; a "
+          "transfer beyond it stages in pageable memory of its own");
+
 namespace baton {
+
+absl::StatusOr<ForwardRunnerFactory> CudaRunnerFromFlags(int device) {
+  const int64_t mib = absl::GetFlag(FLAGS_kv_host_staging_mib);
+  if (mib < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_host_staging_mib must be >= 0, got ", mib));
+  }
+  CudaRunnerOptions cuda;
+  cuda.device = device;
+  cuda.host_staging_bytes = static_cast<uint64_t>(mib) << 20;
+  return MakeCudaRunnerFactory(cuda);
+}
 
 absl::StatusOr<std::unique_ptr<GpuKvPaths>> GpuKvPaths::Create(
     Engine* engine, int device, const std::string& kv_host, v1::WorkerRole role,

@@ -1,7 +1,8 @@
-// A GPU worker's device-direct KV paths, wired into WorkerServiceOptions:
-// CUDA IPC with workers on the same GPU (cuda_ipc_handoff.h) and NCCL with
-// workers on other GPUs or nodes (nccl_pairing.h). The TCP path stays for
-// everything else. Built with BATON_CUDA.
+// A GPU worker's wiring: its engine's CUDA runner (CudaRunnerFromFlags) and
+// its device-direct KV paths, wired into WorkerServiceOptions: CUDA IPC with
+// workers on the same GPU (cuda_ipc_handoff.h) and NCCL with workers on other
+// GPUs or nodes (nccl_pairing.h). The TCP path stays for everything else.
+// Built with BATON_CUDA.
 #ifndef BATON_WORKER_SERVICE_GPU_KV_PATHS_H_
 #define BATON_WORKER_SERVICE_GPU_KV_PATHS_H_
 
@@ -17,6 +18,10 @@
 #include "worker/transport/nccl_kv_transport.h"
 
 namespace baton {
+
+// The engine's runner on CUDA device `device`, its host staging pool sized
+// by --kv_host_staging_mib. InvalidArgument naming the flag if it is < 0.
+absl::StatusOr<ForwardRunnerFactory> CudaRunnerFromFlags(int device);
 
 class GpuKvPaths {
  public:

@@ -126,8 +126,7 @@ KvSinkFactory NcclKvSinkFactory(
     BATON_ASSIGN_OR_RETURN(std::unique_ptr<NcclKvSender> sender,
                            NcclKvSender::Create(pool, handshake, transfer_id));
     return std::unique_ptr<KvSink>(std::make_unique<TransportKvSink>(
-        std::move(sender), transfer_id, model_id, info,
-        /*read_device_pool=*/true));
+        std::move(sender), transfer_id, model_id, info));
   };
 }
 

@@ -51,7 +51,6 @@
 #include "worker/service/worker_service.h"
 #include "worker/transport/kv_tls.h"
 #if BATON_WORKER_CUDA
-#include "worker/cuda/cuda_engine_runner.h"
 #include "worker/service/gpu_kv_paths.h"
 #endif
 
@@ -70,8 +69,7 @@ ABSL_FLAG(std::string, prefix_cache, "on",
           "computed here (full blocks, content-addressed; tokens are "
           "identical either way); off: every prompt is prefilled whole");
 ABSL_FLAG(int64_t, kv_cache_mib, 512,
-          "KV pool size in MiB (on the GPU with --device=cuda:N, mirrored "
-          "by a host staging pool of the same size)");
+          "KV pool size in MiB (on the GPU with --device=cuda:N)");
 ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
           "host:port of the TCP KV receiver (decode and both roles)");
 ABSL_FLAG(int64_t, reservation_ttl_ms, 600000,
@@ -275,9 +273,12 @@ int Main() {
       static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_cache_mib)) << 20;
 #if BATON_WORKER_CUDA
   if (device->kind == DeviceSpec::Kind::kCuda) {
-    CudaRunnerOptions cuda;
-    cuda.device = device->index;
-    engine_options.make_runner = MakeCudaRunnerFactory(cuda);
+    auto runner = CudaRunnerFromFlags(device->index);
+    if (!runner.ok()) {
+      Log(std::string(runner.status().message()));
+      return 2;
+    }
+    engine_options.make_runner = *std::move(runner);
   }
 #endif
   if (absl::Status s = ApplyEngineFlags(device->kind != DeviceSpec::Kind::kCpu,

@@ -86,6 +86,16 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry,
       kv_evictions_(AddCounter(registry, "baton_worker_kv_evictions_total",
                                "Cached prefix blocks evicted for room",
                                {{"role", role_}})),
+      kv_staging_blocks_used_(AddGauge(
+          registry, "baton_worker_kv_staging_blocks_used",
+          "Blocks of a GPU worker's host staging pool held by transfers over "
+          "host transports",
+          role_)),
+      kv_staging_overflows_(AddCounter(
+          registry, "baton_worker_kv_staging_overflows_total",
+          "Transfers staged in host memory of their own because the staging "
+          "pool was full",
+          {{"role", role_}})),
       kv_transfers_active_(AddGauge(
           registry, "baton_worker_kv_transfers_active",
           "KV handoffs being sent plus imports reserved and not started",
@@ -155,6 +165,8 @@ void WorkerMetrics::Refresh(const EngineStats& stats,
       static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_free));
   kv_blocks_free_.Set(static_cast<double>(stats.kv_blocks_free));
   kv_blocks_cached_.Set(static_cast<double>(stats.kv_blocks_cached));
+  kv_staging_blocks_used_.Set(
+      static_cast<double>(stats.kv_staging_blocks_used));
   kv_transfers_active_.Set(
       static_cast<double>(stats.num_handoffs + stats.num_imports));
 
@@ -165,7 +177,8 @@ void WorkerMetrics::Refresh(const EngineStats& stats,
   for (auto [counter, total] :
        {std::pair{&prefix_query_tokens_, stats.prefix_query_tokens},
         std::pair{&prefix_hit_tokens_, stats.prefix_hit_tokens},
-        std::pair{&kv_evictions_, stats.kv_evictions}}) {
+        std::pair{&kv_evictions_, stats.kv_evictions},
+        std::pair{&kv_staging_overflows_, stats.kv_staging_own_areas}}) {
     const double delta = static_cast<double>(total) - counter->Value();
     if (delta > 0) counter->Increment(delta);
   }

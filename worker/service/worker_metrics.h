@@ -14,6 +14,12 @@
 //                                               (hit rate = hit / query)
 //   baton_worker_kv_evictions_total             counter, cached blocks
 //                                               evicted for room
+//   baton_worker_kv_staging_blocks_used         gauge, a GPU worker's host
+//                                               staging pool blocks held
+//                                               by host-transport transfers
+//   baton_worker_kv_staging_overflows_total     counter, transfers staged
+//                                               in memory of their own
+//                                               (the pool was full)
 //   baton_worker_kv_transfers_active            gauge, handoffs + imports
 //   baton_worker_prefill_tokens_total           counter, prompt tokens
 //                                               prefilled
@@ -107,6 +113,8 @@ class WorkerMetrics {
   prometheus::Counter& prefix_query_tokens_;
   prometheus::Counter& prefix_hit_tokens_;
   prometheus::Counter& kv_evictions_;
+  prometheus::Gauge& kv_staging_blocks_used_;
+  prometheus::Counter& kv_staging_overflows_;
   prometheus::Gauge& kv_transfers_active_;
   prometheus::Counter& prefill_tokens_;
   prometheus::Counter& decode_tokens_;

@@ -193,16 +193,30 @@ uint64_t KvHeaderPayloadBytes(const KvTransferHeader& header) {
 absl::StatusOr<std::vector<int32_t>> KvTargetBlockIds(
     const KvTransferTarget& target) {
   const int64_t end = target.cache->BlocksNeeded(target.num_tokens);
+  const int64_t skip = target.staged ? target.first_block : 0;
   if (target.first_block < 0 || target.first_block > end ||
-      target.table->num_blocks() < end) {
+      target.table->num_blocks() < end - skip) {
     return absl::FailedPreconditionError(absl::StrCat(
         "KV target: reserved table holds ", target.table->num_blocks(),
-        " blocks, ", end, " needed for ", target.num_tokens,
-        " tokens (writing blocks [", target.first_block, ", ", end, "))"));
+        " blocks, ", end - skip, " needed for ", target.num_tokens,
+        " tokens (writing blocks [", target.first_block, ", ", end, ")",
+        target.staged ? " staged from block 0" : "", ")"));
   }
   const std::span<const int32_t> ids = target.table->block_ids();
-  return std::vector<int32_t>(ids.begin() + target.first_block,
-                              ids.begin() + end);
+  return std::vector<int32_t>(ids.begin() + (target.first_block - skip),
+                              ids.begin() + (end - skip));
+}
+
+absl::StatusOr<std::vector<std::span<uint8_t>>> KvTargetLayerChunks(
+    const KvTransferTarget& target, int64_t layer) {
+  if (!target.staged) {
+    return target.cache->MutableLayerChunks(
+        *target.table, layer, target.num_tokens, target.first_block);
+  }
+  return target.cache->MutableLayerChunks(
+      *target.table, layer,
+      target.num_tokens - target.first_block * target.cache->block_size(),
+      /*first_block=*/0);
 }
 
 void KvLayerProgress::Start(uint64_t transfer_id, int64_t num_layers) {

@@ -158,6 +158,10 @@ struct KvTransferTarget {
   KvLayout expected_layout;           // usually cache->layout()
   int64_t num_tokens = 0;             // tokens every layer must cover
   int64_t first_block = 0;            // every header must carry this
+  // The table holds only the carried blocks [first_block, BlocksNeeded(
+  // num_tokens)), as its blocks 0, 1, ... (a device runner's host staging
+  // area, kv_staging.h); otherwise it is the sequence's whole table.
+  bool staged = false;
   // If non-empty, headers must carry exactly this model id / request id.
   std::string expected_model_id;
   std::string expected_request_id;
@@ -211,10 +215,18 @@ absl::Status ValidateLayerHeader(const KvTransferHeader& header,
                                  const KvTransferTarget& target);
 
 // The ids of the blocks a transfer writes: the target table's [first_block,
-// BlocksNeeded(num_tokens)). FailedPrecondition when the table holds fewer.
-// Read the table under target.cache_mutex (shared) when one is set.
+// BlocksNeeded(num_tokens)) (or its first BlocksNeeded(num_tokens) -
+// first_block when target.staged). FailedPrecondition when the table holds
+// fewer. Read the table under target.cache_mutex (shared) when one is set.
 absl::StatusOr<std::vector<int32_t>> KvTargetBlockIds(
     const KvTransferTarget& target);
+
+// The chunks of `layer` that a transfer writes, in order (its blocks as
+// KvTargetBlockIds gives them), for receivers that write host memory.
+// REQUIRES: the target's table read under target.cache_mutex (shared) when
+// one is set. InvalidArgument as KvCache::MutableLayerChunks.
+absl::StatusOr<std::vector<std::span<uint8_t>>> KvTargetLayerChunks(
+    const KvTransferTarget& target, int64_t layer);
 
 // `status` with its code kept and `prefix` prepended to its message.
 absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);

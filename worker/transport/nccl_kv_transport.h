@@ -101,11 +101,11 @@ class NcclKvSender : public KvSender {
   absl::Status SendLayer(const KvTransferHeader& header,
                          std::span<const uint8_t> payload) override;
   // As SendLayerFromPool: each chunk a DEVICE address of chunk_bytes()
-  // bytes (e.g. DevicePoolChunks), sent in place. `gate` (optional) is held
-  // only around the payload's send and wait, never across a wait for the
-  // peer's verdict; if it was revoked the payload still goes (the receiver
-  // posted for it) and the call returns Cancelled, after which Abort tells
-  // the receiver.
+  // bytes (a device pool's chunks, KvPoolAddress::Device), sent in place.
+  // `gate` (optional) is held only around the payload's send and wait, never
+  // across a wait for the peer's verdict; if it was revoked the payload still
+  // goes (the receiver posted for it) and the call returns Cancelled, after
+  // which Abort tells the receiver.
   absl::Status SendLayerChunks(const KvTransferHeader& header,
                                std::span<const std::span<const uint8_t>> chunks,
                                KvReadGate* gate) override;

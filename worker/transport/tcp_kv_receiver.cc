@@ -303,9 +303,7 @@ absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
     {
       std::optional<absl::ReaderMutexLock> lock;
       if (target.cache_mutex != nullptr) lock.emplace(target.cache_mutex);
-      BATON_ASSIGN_OR_RETURN(
-          chunks, target.cache->MutableLayerChunks(
-                      *target.table, h.layer, h.num_tokens, h.first_block));
+      BATON_ASSIGN_OR_RETURN(chunks, KvTargetLayerChunks(target, h.layer));
     }
     iov.clear();
     for (std::span<uint8_t> c : chunks) AppendIov(c.data(), c.size(), &iov);
