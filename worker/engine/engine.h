@@ -269,6 +269,11 @@ class Engine {
   // while only handoffs are in flight).
   void RunUntilIdle();
   bool HasWork();
+  // Thread-safe. `wake` is called on another thread when an event arrives
+  // that Step must see and that no Submit or Cancel announces (a handoff's
+  // confirmation), under the engine's inbox lock: it must only signal
+  // (EngineLoop::Wake). nullptr clears it, before its owner goes.
+  void SetWakeup(std::function<void()> wake);
 
   // Thread-safe. Queue and batch counts are as of the end of the last Step;
   // block counts are current.
@@ -411,6 +416,7 @@ class Engine {
   std::vector<std::string> cancels_ ABSL_GUARDED_BY(inbox_mu_);
   absl::flat_hash_map<std::string, bool> ids_ ABSL_GUARDED_BY(inbox_mu_);
   std::vector<uint64_t> handoffs_done_ ABSL_GUARDED_BY(inbox_mu_);
+  std::function<void()> wakeup_ ABSL_GUARDED_BY(inbox_mu_);
 };
 
 }  // namespace baton

@@ -86,8 +86,14 @@ void Engine::StartHandoff(Sequence* seq) {
                                   std::move(make_sink), [this, serial] {
                                     absl::MutexLock lock(&inbox_mu_);
                                     handoffs_done_.push_back(serial);
+                                    if (wakeup_) wakeup_();
                                   });
   handing_off_.emplace(serial, seq);
+}
+
+void Engine::SetWakeup(std::function<void()> wake) {
+  absl::MutexLock lock(&inbox_mu_);
+  wakeup_ = std::move(wake);
 }
 
 void Engine::FinishHandoffsMidStep(const std::vector<uint64_t>& in_step) {

@@ -3,9 +3,12 @@
 namespace baton {
 
 EngineLoop::EngineLoop(Engine* engine, absl::Duration idle_poll)
-    : engine_(engine), idle_poll_(idle_poll), thread_([this] { Run(); }) {}
+    : engine_(engine), idle_poll_(idle_poll), thread_([this] { Run(); }) {
+  engine_->SetWakeup([this] { Wake(); });
+}
 
 EngineLoop::~EngineLoop() {
+  engine_->SetWakeup(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
