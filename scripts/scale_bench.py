@@ -2,7 +2,8 @@
 """The real coordinator at scale, with simulated-engine worker processes.
 
     scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
-                           [--rate=250] [--warmup=200] [--coordinator_cpus=0]
+                           [--rate=250] [--warmup=200] [--idle_s=10]
+                           [--coordinator_cpus=0]
                            [--worker_cpus=1] [--client_cpus=1]
                            [--out=DIR] [--bin=build/bin]
 
@@ -23,7 +24,14 @@ reports from the per-request records and /proc:
   worker's own time for it (prefill_ms, which includes the worker's queue):
   routing, bookkeeping, the RPC hops and forwarding; p50 and p99;
 - errors; the coordinator's CPU seconds per request (from /proc/PID/stat)
-  and its RSS at the end of each point (VmRSS) and peak (VmHWM).
+  and its RSS at the end of each point (VmRSS) and peak (VmHWM);
+- the coordinator's idle CPU (per second, over --idle_s after the warm-up,
+  no request in flight: heartbeats, sweeps, gRPC's channel upkeep, which
+  grow with the workers, not the requests) and the CPU per request net of
+  it (the point's CPU minus the idle rate times the point's duration); the
+  workers' idle CPU, all together (they share --worker_cpus); each CPU's
+  busy share over the point (/proc/stat), which tells a coordinator that
+  is behind from workers and a client that are.
 
 Writes OUT/scale.md and OUT/scale.json. A benchmark, not a test: run it on a
 quiet machine.
@@ -62,6 +70,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=200,
                    help="short requests sent before the points, unmeasured "
                         "(at least 4 per worker; 0: none)")
+    p.add_argument("--idle_s", type=float, default=10,
+                   help="seconds of idle coordinator CPU measured after the "
+                        "warm-up (0: not measured)")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
@@ -91,6 +102,29 @@ def proc_kib(pid, key):
     return 0
 
 
+def cpu_ticks():
+    """{cpu index: (busy, total)} jiffies from /proc/stat."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *v = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                v = [int(x) for x in v]
+                idle = v[3] + v[4]  # idle + iowait
+                out[int(name[3:])] = (sum(v[:8]) - idle, sum(v[:8]))
+    return out
+
+
+def busy_shares(before, after):
+    """Each CPU's busy share between two cpu_ticks() readings, "cpuN 97%"."""
+    parts = []
+    for cpu in sorted(after):
+        busy = after[cpu][0] - before.get(cpu, (0, 0))[0]
+        total = after[cpu][1] - before.get(cpu, (0, 0))[1]
+        parts.append(f"cpu{cpu} {100 * busy / max(1, total):.0f}%")
+    return ", ".join(parts)
+
+
 def percentile(xs, q):
     xs = sorted(xs)
     if not xs:
@@ -116,13 +150,29 @@ def warm_up(a, workers):
     subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
 
 
+def idle_cpu_per_s(a, pids):
+    """CPU seconds per second of each process with no request in flight."""
+    if a.idle_s <= 0:
+        return [0.0] * len(pids)
+    cpu0, t0 = [proc_cpu_s(p) for p in pids], time.monotonic()
+    time.sleep(a.idle_s)
+    elapsed = time.monotonic() - t0
+    return [(proc_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0)]
+
+
 def points_of(a, workers):
-    coordinator = int(os.environ["BATON_PIDS"].split()[0])
+    pids = [int(p) for p in os.environ["BATON_PIDS"].split()]
+    coordinator = pids[0]
     warm_up(a, workers)
+    idle_each = idle_cpu_per_s(a, pids)
+    idle, idle_workers = idle_each[0], sum(idle_each[1:])
+    print(f"+ idle CPU: coordinator {1e3 * idle:.1f} ms/s, the {workers} "
+          f"workers {1e3 * idle_workers:.1f} ms/s", file=sys.stderr, flush=True)
     rows = []
     for n in a.stream_list:
         name = f"w{workers}-n{n}"
-        cpu0 = proc_cpu_s(coordinator)
+        cpu0, t0 = proc_cpu_s(coordinator), time.monotonic()
+        ticks0 = cpu_ticks()
         cmd = [os.path.join(a.bin, "baton-bench"),
                f"--server={os.environ['BATON_SERVER']}",
                f"--num_prompts={n}", f"--request_rate={a.rate}",
@@ -133,6 +183,8 @@ def points_of(a, workers):
         print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, stdout=subprocess.DEVNULL)
         cpu = proc_cpu_s(coordinator) - cpu0
+        shares = busy_shares(ticks0, cpu_ticks())
+        busy = cpu - idle * (time.monotonic() - t0)
         with open(os.path.join(a.out, f"{name}.json")) as f:
             result = json.load(f)
         ok = [r for r in result["requests"] if r["success"]]
@@ -144,9 +196,13 @@ def points_of(a, workers):
             "added_p99_ms": percentile(added, 99),
             "client_ttft_p50_ms": result["ttft_ms"].get("median"),
             "coordinator_cpu_ms_per_request": 1e3 * cpu / max(1, n),
+            "coordinator_idle_cpu_ms_per_s": 1e3 * idle,
+            "workers_idle_cpu_ms_per_s": 1e3 * idle_workers,
+            "coordinator_net_cpu_ms_per_request": 1e3 * busy / max(1, n),
             "coordinator_rss_mib": proc_kib(coordinator, "VmRSS") / 1024,
             "coordinator_hwm_mib": proc_kib(coordinator, "VmHWM") / 1024,
             "coordinator_threads": proc_kib(coordinator, "Threads"),
+            "cpu_busy": shares,
         })
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     with open(os.path.join(a.out, f"points-w{workers}.json"), "w") as f:
@@ -159,15 +215,20 @@ def report(a):
         with open(os.path.join(a.out, f"points-w{w}.json")) as f:
             rows += json.load(f)
     lines = ["| workers | streams | coordinator added latency p50 / p99 ms | "
-             "errors | coordinator CPU ms per request | coordinator RSS "
-             "MiB (peak) | threads |", "|---:|---:|---|---:|---:|---:|---:|"]
+             "errors | coordinator CPU ms per request (net of idle) | "
+             "idle CPU ms/s: coordinator, workers | coordinator RSS MiB "
+             "(peak) | threads | CPUs busy |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(
             f"| {r['workers']} | {r['streams']:,} | {r['added_p50_ms']:.2f} / "
             f"{r['added_p99_ms']:.2f} | {r['errors']} | "
-            f"{r['coordinator_cpu_ms_per_request']:.2f} | "
+            f"{r['coordinator_cpu_ms_per_request']:.2f} "
+            f"({r.get('coordinator_net_cpu_ms_per_request', 0):.2f}) | "
+            f"{r.get('coordinator_idle_cpu_ms_per_s', 0):.0f}, "
+            f"{r.get('workers_idle_cpu_ms_per_s', 0):.0f} | "
             f"{r['coordinator_rss_mib']:.0f} ({r['coordinator_hwm_mib']:.0f}) | "
-            f"{r['coordinator_threads']} |")
+            f"{r['coordinator_threads']} | {r.get('cpu_busy', '')} |")
     with open(os.path.join(a.out, "scale.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(a.out, "scale.json"), "w") as f:
@@ -192,7 +253,8 @@ def main(argv):
         inner = [sys.executable, os.path.abspath(__file__),
                  f"--points_of={w}", f"--out={a.out}", f"--bin={a.bin}",
                  f"--streams={a.streams}", f"--rate={a.rate}",
-                 f"--client_cpus={a.client_cpus}", f"--warmup={a.warmup}"]
+                 f"--client_cpus={a.client_cpus}", f"--warmup={a.warmup}",
+                 f"--idle_s={a.idle_s}"]
         cmd = ["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"),
                f"{w // 2}P{w // 2}D", "--no-build", f"--bin={a.bin}",
                f"--kv_cache_mib={kv_mib}",
