@@ -12,36 +12,20 @@ namespace baton {
 namespace {
 
 using disagg_test::DisaggregationTest;
-
-// Holds the transfer's end until `release`: the prefill's compute is done
-// and its engine idle, waiting only for the handoff's confirmation.
-class HeldSink : public KvSink {
- public:
-  explicit HeldSink(absl::Notification* release) : release_(release) {}
-  absl::Status SendLayer(int64_t, std::span<const uint8_t>) override {
-    return absl::OkStatus();
-  }
-  absl::Status Finish() override {
-    release_->WaitForNotification();
-    return absl::OkStatus();
-  }
-  void Abort(absl::Status) override {}
-
- private:
-  absl::Notification* release_;
-};
+using disagg_test::StuckSink;
 
 using EngineLoopTest = DisaggregationTest;
 
 // No poll for an hour: only the engine's wakeup can report the confirmed
-// handoff, and it does at once.
+// handoff, and it does at once. The sink holds the transfer's end until
+// `release`: the prefill's compute is done and the loop idle meanwhile.
 TEST_F(EngineLoopTest, AConfirmedHandoffWakesAnIdleLoop) {
   auto engine = MakeEngine();
   absl::Notification release, first_token, done;
   PrefillOptions options;
   options.make_sink =
       [&](const KvSinkInfo&) -> absl::StatusOr<std::unique_ptr<KvSink>> {
-    return std::unique_ptr<KvSink>(std::make_unique<HeldSink>(&release));
+    return std::unique_ptr<KvSink>(std::make_unique<StuckSink>(&release));
   };
   absl::Status error;
   {
