@@ -5,12 +5,16 @@
                         [--num_prompts=60] [--saturation_prompts=40]
                         [--input_len=256] [--output_len=64] [--range_ratio=0.5]
                         [--goodput="ttft:2000 tpot:40"] [--profile=FILE]
-                        [--quick_profile] [--profile_max_error=0.10]
+                        [--quick_profile] [--profile_each_shape]
+                        [--profile_max_error=0.10]
                         [--out=DIR] [--bin=build/bin]
                         [--check=all|saturation,goodput,ttft_p90,tpot_p90]
 
 1. Without --profile, measures one: `baton-bench profile` on a 1P1D cluster
-   of one-thread workers (OUT/profile.json).
+   of one-thread workers (OUT/profile.json); with --profile_each_shape, one
+   right before each shape's cluster (OUT/profile-SHAPE.json), so a host
+   whose speed drifts over the run (other tenants) is profiled beside each
+   shape's points.
 2. For every shape, starts a real cluster (scripts/local_cluster.sh, one
    thread per worker) and measures its capacity: --saturation_prompts
    requests sent at once; capacity = completed requests / seconds from the
@@ -59,6 +63,9 @@ def parse_args(argv):
     p.add_argument("--profile", default="")
     p.add_argument("--quick_profile", action="store_true",
                    help="fewer profiling points (about 30 s)")
+    p.add_argument("--profile_each_shape", action="store_true",
+                   help="measure a profile right before each shape "
+                        "(instead of --profile or one for the whole run)")
     p.add_argument("--profile_max_error", type=float, default=0.10,
                    help="baton-bench profile's limit on a fit's held-out "
                    "error")
@@ -204,7 +211,9 @@ def report(a):
                  f"outputs {a.output_len} +-{a.range_ratio:.0%} tokens, Poisson "
                  f"arrivals, {a.num_prompts} requests per seed, seeds "
                  f"{a.seeds}; goodput SLOs `{a.goodput}`; profile "
-                 f"`{os.path.relpath(a.profile, a.out)}`.\n")
+                 + ("measured before each shape (`profile-SHAPE.json`)"
+                    if a.profile_each_shape else
+                    f"`{os.path.relpath(a.profile, a.out)}`") + ".\n")
     lines.append("| shape | load | rate req/s | goodput measured / simulated "
                  "| P90 TTFT ms | P90 TPOT ms | seed spread (goodput, TTFT, "
                  "TPOT) | within |")
@@ -256,16 +265,17 @@ def report(a):
     return missed
 
 
-def measure_profile(a):
-    a.profile = os.path.join(a.out, "profile.json")
+def measure_profile(a, path):
+    """Profiles a 1P1D cluster of this host into `path`; returns it."""
     cmd = (f"{a.bin}/baton-bench profile --server=$BATON_SERVER "
-           f"--profile_out={a.profile} --profile_name='SmolLM2-135M Q4_1, "
+           f"--profile_out={path} --profile_name='SmolLM2-135M Q4_1, "
            f"1 thread per worker, this host' "
            f"--profile_max_error={a.profile_max_error}")
     if a.quick_profile:
         cmd += " --profile_quick"
     run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), "1P1D",
          "--no-build", f"--bin={a.bin}", "--", "bash", "-c", cmd])
+    return path
 
 
 def main(argv):
@@ -275,13 +285,17 @@ def main(argv):
         a.profile = os.path.abspath(a.profile)
         points_of(a, a.points_of)
         return 0
-    if a.profile:
+    if a.profile_each_shape:
+        a.profile = ""
+    elif a.profile:
         a.profile = os.path.abspath(a.profile)
     else:
-        measure_profile(a)
+        a.profile = measure_profile(a, os.path.join(a.out, "profile.json"))
     for shape in a.shape_list:
+        profile = a.profile or measure_profile(
+            a, os.path.join(a.out, f"profile-{shape}.json"))
         inner = [sys.executable, os.path.abspath(__file__),
-                 f"--points_of={shape}", f"--profile={a.profile}",
+                 f"--points_of={shape}", f"--profile={profile}",
                  f"--out={a.out}", f"--bin={a.bin}"] + [
                      f"--{k}={getattr(a, k)}" for k in (
                          "loads", "seeds", "num_prompts", "saturation_prompts",
