@@ -207,6 +207,7 @@ Json RemoteJson(const GenerateCall& call, bool logprobs, bool show_probs) {
                 {"cached_tokens", r.usage().cached_tokens()}};
   const v1::PhaseTimings& t = r.timings();
   j["timings"] = {{"queue_ms", t.queue_ms()},
+                  {"reserve_kv_ms", t.reserve_kv_ms()},
                   {"prefill_ms", t.prefill_ms()},
                   {"kv_transfer_bytes", t.kv_transfer_bytes()},
                   {"kv_transfer_ms", t.kv_transfer_ms()},

@@ -34,6 +34,7 @@ struct ServerTimings {
   double kv_transfer_exposed_ms = 0;
   double ttft_ms = 0;
   double total_ms = 0;
+  double reserve_kv_ms = 0;  // part of queue_ms (split serving)
 };
 
 struct RequestRecord {

@@ -154,6 +154,7 @@ Json RequestJson(const RequestRecord& r) {
                    {"kv_transfer_exposed_ms", r.server.kv_transfer_exposed_ms},
                    {"ttft_ms", r.server.ttft_ms},
                    {"total_ms", r.server.total_ms},
+                   {"reserve_kv_ms", r.server.reserve_kv_ms},
                    {"prefill_worker", r.prefill_worker},
                    {"decode_worker", r.decode_worker}};
   }

@@ -178,6 +178,7 @@ class GenerateCall final : public CallHandle,
   std::vector<int32_t> generated_;
   int64_t emitted_text_bytes_ = 0;
   double queue_ms_ = 0;
+  double reserve_kv_ms_ = 0;  // the successful ReserveKv's round trip
   double prefill_ms_ = 0;
   int32_t cached_tokens_ = 0;  // the first attempt's prefix cache hit
   double ttft_ms_ = 0;

@@ -127,18 +127,25 @@ async::Task<absl::Status> GenerateCall::Route() {
                  absl::ToChronoTime(absl::Now() + queue_wait +
                                     cluster_->options().worker_rpc_timeout)));
     grpc::Status rpc;
+    const SteadyClock::time_point sent = SteadyClock::now();
+    SteadyClock::time_point replied;
     {
       ScopedContext scoped(this, &context);
       std::shared_ptr<v1::Worker::Stub> stub =
           cluster_->WorkerStub(target.registration.address);
       rpc = co_await async::Unary(
           &cluster_->executor(), [&](std::function<void(grpc::Status)> done) {
-            stub->async()->ReserveKv(&context, &request, &reservation_,
-                                     std::move(done));
+            stub->async()->ReserveKv(
+                &context, &request, &reservation_,
+                [&replied, done = std::move(done)](grpc::Status s) {
+                  replied = SteadyClock::now();
+                  done(std::move(s));
+                });
           });
     }
     if (rpc.ok()) {
       decode_ = target;
+      if (!streamed_) reserve_kv_ms_ = MsBetween(sent, replied);
       absl::Status claimed =
           co_await ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
       co_return claimed;

@@ -111,12 +111,17 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
       EXPECT_EQ(r.result.prefill_worker().worker_id(),
                 r.result.decode_worker().worker_id());
       EXPECT_EQ(r.result.timings().kv_transfer_bytes(), 0);
+      EXPECT_EQ(r.result.timings().reserve_kv_ms(), 0.0);
     } else {
       EXPECT_EQ(r.result.kv_transport(), v1::KV_TRANSPORT_HOST_TCP);
       EXPECT_NE(r.result.prefill_worker().worker_id(),
                 r.result.decode_worker().worker_id());
       EXPECT_GT(r.result.timings().kv_transfer_bytes(), 0);
       EXPECT_GT(r.result.timings().kv_transfer_ms(), 0.0);
+      // The ReserveKv round trip is part of the time before the Prefill.
+      EXPECT_GT(r.result.timings().reserve_kv_ms(), 0.0);
+      EXPECT_LE(r.result.timings().reserve_kv_ms(),
+                r.result.timings().queue_ms());
     }
   }
   // Every worker of each pool took part.
