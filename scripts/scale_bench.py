@@ -188,12 +188,25 @@ def points_of(a, workers):
         with open(os.path.join(a.out, f"{name}.json")) as f:
             result = json.load(f)
         ok = [r for r in result["requests"] if r["success"]]
-        added = [r["server"]["ttft_ms"] - r["server"]["prefill_ms"] for r in ok]
+        srv = [r["server"] for r in ok]
+        added = [s["ttft_ms"] - s["prefill_ms"] for s in srv]
+        # The added latency in three parts: the ReserveKv round trip to the
+        # decode worker, the coordinator's own time before the Prefill call
+        # leaves it (queue_ms less that round trip), and the Prefill round
+        # trip less the worker's compute (from the call leaving to the first
+        # token leaving the coordinator).
+        reserve = [s.get("reserve_kv_ms", 0) for s in srv]
+        before = [s["queue_ms"] - s.get("reserve_kv_ms", 0) for s in srv]
+        after = [s["ttft_ms"] - s["queue_ms"] - s["prefill_ms"] for s in srv]
         rows.append({
             "workers": workers, "streams": n,
             "completed": len(ok), "errors": n - len(ok),
             "added_p50_ms": percentile(added, 50),
             "added_p99_ms": percentile(added, 99),
+            "reserve_kv_p50_ms": percentile(reserve, 50),
+            "reserve_kv_p99_ms": percentile(reserve, 99),
+            "own_before_prefill_p50_ms": percentile(before, 50),
+            "prefill_hop_p50_ms": percentile(after, 50),
             "client_ttft_p50_ms": result["ttft_ms"].get("median"),
             "coordinator_cpu_ms_per_request": 1e3 * cpu / max(1, n),
             "coordinator_idle_cpu_ms_per_s": 1e3 * idle,
@@ -215,14 +228,23 @@ def report(a):
         with open(os.path.join(a.out, f"points-w{w}.json")) as f:
             rows += json.load(f)
     lines = ["| workers | streams | coordinator added latency p50 / p99 ms | "
+             "p50 parts: own before Prefill, ReserveKv round trip, Prefill "
+             "hop | "
              "errors | coordinator CPU ms per request (net of idle) | "
              "idle CPU ms/s: coordinator, workers | coordinator RSS MiB "
              "(peak) | threads | CPUs busy |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---|"]
+
+    def ms(r, key):
+        v = r.get(key)
+        return "-" if v is None else f"{v:.2f}"
+
     for r in rows:
         lines.append(
             f"| {r['workers']} | {r['streams']:,} | {r['added_p50_ms']:.2f} / "
-            f"{r['added_p99_ms']:.2f} | {r['errors']} | "
+            f"{r['added_p99_ms']:.2f} | {ms(r, 'own_before_prefill_p50_ms')}, "
+            f"{ms(r, 'reserve_kv_p50_ms')}, {ms(r, 'prefill_hop_p50_ms')} | "
+            f"{r['errors']} | "
             f"{r['coordinator_cpu_ms_per_request']:.2f} "
             f"({r.get('coordinator_net_cpu_ms_per_request', 0):.2f}) | "
             f"{r.get('coordinator_idle_cpu_ms_per_s', 0):.0f}, "
@@ -248,7 +270,8 @@ def main(argv):
     block_mib = 16 * PROFILE["kv_bytes_per_token"] / 2**20
     for w in a.worker_list:
         # Every stream's block on one of W/2 decode workers, with room to
-        # spare (the pool is mapped, not touched, beyond what arrives).
+        # spare; the pools are committed at start (--kv_prefault), so the
+        # first requests do not wait for the workers' page faults.
         kv_mib = max(64, int(1.5 * block_mib * max(a.stream_list) / (w // 2)))
         inner = [sys.executable, os.path.abspath(__file__),
                  f"--points_of={w}", f"--out={a.out}", f"--bin={a.bin}",
@@ -261,6 +284,7 @@ def main(argv):
                f"--coordinator_cpus={a.coordinator_cpus}",
                f"--worker_cpus={a.worker_cpus}",
                "--worker_flag=--engine=simulated",
+               "--worker_flag=--kv_prefault",
                "--worker_flag=--max_waiting_requests=100000",
                "--worker_flag=--max_queued_reservations=100000",
                f"--worker_flag=--profile={profile}",

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   } else {
     kv.max_bytes = options.kv_cache_bytes;
   }
+  kv.prefault = options.kv_prefault;
   BATON_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(kv));
   if (options.make_runner) {
     BATON_ASSIGN_OR_RETURN(engine->runner_,

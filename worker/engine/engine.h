@@ -66,6 +66,9 @@ struct EngineOptions {
   int64_t kv_cache_blocks = 0;
   // KV pool byte budget when kv_cache_blocks == 0.
   uint64_t kv_cache_bytes = uint64_t{512} << 20;
+  // Touch the whole host pool at start (its pages committed up front), so
+  // no request pays the page faults of the blocks it is first to use.
+  bool kv_prefault = false;
   // --- device ---
   // Builds the runner over the engine's cache; null: the CPU ModelRunner. A
   // device runner (e.g. MakeCudaRunnerFactory) keeps the live KV in device

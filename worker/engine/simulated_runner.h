@@ -3,9 +3,10 @@
 // each Forward sleeps for the time a cost profile predicts for its batch
 // (prefill items: the uncached prompt tokens of each; decode items: one
 // token each, at its context), releasing the layers at an even pace so KV
-// handoffs stream as they would, and writes logits whose largest entry is
-// SimulatedToken of the item's position and last token. The engine, its
-// scheduler, KV accounting, sampling and transports run as usual; the KV
+// handoffs stream as they would (in slices of at least 1 ms: one wake-up per
+// layer would cost more than a short step), and writes logits whose largest
+// entry is SimulatedToken of the item's position and last token. The engine,
+// its scheduler, KV accounting, sampling and transports run as usual; the KV
 // blocks hold whatever the pool held (no model state is computed).
 #ifndef BATON_WORKER_ENGINE_SIMULATED_RUNNER_H_
 #define BATON_WORKER_ENGINE_SIMULATED_RUNNER_H_

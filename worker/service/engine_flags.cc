@@ -20,6 +20,11 @@ ABSL_FLAG(int64_t, fault_after_steps, 0,
 ABSL_FLAG(std::string, profile, "",
           "with --engine=simulated: the cost profile (JSON, as baton-sim "
           "reads; e.g. from baton-bench profile)");
+ABSL_FLAG(bool, kv_prefault, false,
+          "commit the whole host KV pool at start (a CPU worker's memory up "
+          "front), so no request waits for the page faults of the blocks it "
+          "is first to use; not with --device=cuda:N (its pool is on the "
+          "GPU)");
 
 namespace baton {
 
@@ -53,6 +58,12 @@ absl::Status ApplySimulatedEngine(bool on_device, EngineOptions* options) {
 }  // namespace
 
 absl::Status ApplyEngineFlags(bool on_device, EngineOptions* options) {
+  if (absl::GetFlag(FLAGS_kv_prefault) && on_device) {
+    return absl::InvalidArgumentError(
+        "--kv_prefault commits a host KV pool; with --device=cuda:N the pool "
+        "is on the GPU");
+  }
+  options->kv_prefault = absl::GetFlag(FLAGS_kv_prefault);
   if (absl::Status s = ApplySimulatedEngine(on_device, options); !s.ok()) {
     return s;
   }
