@@ -171,9 +171,24 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
     for (const bench::RequestRecord& r : *records) {
       const double l = r.prompt_tokens;
       prefill.push_back({l, l * l, r.server.prefill_ms / 1e3});
-      if (r.server.kv_transfer_bytes > 0 && r.server.kv_transfer_ms > 0) {
-        transfer.push_back({static_cast<double>(r.server.kv_transfer_bytes), 0,
-                            r.server.kv_transfer_ms / 1e3});
+      // A prompt longer than a step's token budget is prefilled in chunks,
+      // and its KV streams during the last one only (every block, layer by
+      // layer), while the simulator prefills a prompt in one step and times
+      // its transfer from that step's start: those samples would fit a
+      // different law.
+      if (r.server.kv_transfer_bytes > 0 && r.server.kv_transfer_ms > 0 &&
+          shape->kv_bytes_per_token > 0 &&
+          r.prompt_tokens <= options.max_batch_tokens) {
+        // In tokens (bytes / kv_bytes_per_token), so the square term stays
+        // well within a double's precision.
+        const double tokens = static_cast<double>(r.server.kv_transfer_bytes) /
+                              static_cast<double>(shape->kv_bytes_per_token);
+        transfer.push_back(
+            {tokens, tokens * tokens, r.server.kv_transfer_ms / 1e3});
+        log << "transfer " << r.server.kv_transfer_bytes
+            << " bytes: " << r.server.kv_transfer_ms << " ms (prefill "
+            << r.server.prefill_ms << " ms, exposed "
+            << r.server.kv_transfer_exposed_ms << " ms)\n";
       }
     }
     log << "prefill " << len << " tokens: " << prefill.back().y * 1e3
@@ -216,11 +231,14 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
     auto transfer_fit =
         FitCostModel(transfer, "transfer", options.max_heldout_mape);
     if (!transfer_fit.ok()) return transfer_fit.status();
-    LogFit(log, "transfer (x1 = bytes)", *transfer_fit);
+    LogFit(log, "transfer (x1 = tokens, x2 = tokens^2)", *transfer_fit);
     profile.transfer_alpha_s = transfer_fit->model.c0;
-    profile.transfer_bytes_per_s = transfer_fit->model.c1 > 0
-                                       ? 1.0 / transfer_fit->model.c1
-                                       : std::numeric_limits<double>::max();
+    profile.transfer_bytes_per_s =
+        transfer_fit->model.c1 > 0
+            ? static_cast<double>(shape->kv_bytes_per_token) /
+                  transfer_fit->model.c1
+            : std::numeric_limits<double>::max();
+    profile.transfer_s_per_token2 = transfer_fit->model.c2;
     profile.source = absl::StrFormat(
         "measured by baton-bench profile on a split cluster: prefill "
         "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%",

@@ -204,7 +204,20 @@ TEST(ProfileTest, ParsesAndNamesTheBadField) {
   EXPECT_DOUBLE_EQ(PrefillSeconds(*p, std::vector<int64_t>{10, 20}),
                    0.001 + 1e-4 * 30);
   EXPECT_DOUBLE_EQ(TransferSeconds(*p, 1000), 0.0001 + 23040e3 / 2e9);
+  // The square term is optional (0: a link-bound transfer).
+  EXPECT_EQ(p->transfer_s_per_token2, 0);
+  nlohmann::json paced = good;
+  paced["transfer"]["s_per_token2"] = 1e-9;
+  auto q = ParseProfile(paced);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_DOUBLE_EQ(TransferSeconds(*q, 1000),
+                   0.0001 + 23040e3 / 2e9 + 1e-9 * 1e6);
+  EXPECT_EQ(ProfileJson(*q)["transfer"]["s_per_token2"], 1e-9);
   nlohmann::json bad = good;
+  bad["transfer"]["s_per_token2"] = -1e-9;
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'transfer.s_per_token2' must be >= 0"));
+  bad = good;
   bad["prefill"]["c1"] = -1;
   EXPECT_THAT(ParseProfile(bad).status().message(),
               HasSubstr("'prefill.c1' must be >= 0"));

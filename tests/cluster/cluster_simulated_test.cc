@@ -66,7 +66,9 @@ TEST(ClusterSimulatedTest, ManyConcurrentStreamsOnSimulatedWorkers) {
   LocalClusterOptions options;
   options.prefill = 2;
   options.decode = 4;
-  options.worker_flags = {"--engine=simulated", "--profile=" + path};
+  // As scripts/scale_bench.py runs them: pools committed at start.
+  options.worker_flags = {"--engine=simulated", "--profile=" + path,
+                          "--kv_prefault"};
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;

@@ -85,6 +85,14 @@ absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
       !s.ok()) {
     return s;
   }
+  if (json.contains("transfer") && json["transfer"].is_object() &&
+      json["transfer"].contains("s_per_token2")) {
+    if (absl::Status s = Number(json, "transfer.s_per_token2", 0, false,
+                                &p.transfer_s_per_token2);
+        !s.ok()) {
+      return s;
+    }
+  }
   for (auto [key, field] :
        {std::pair{"kv_bytes_per_token", &p.kv_bytes_per_token},
         std::pair{"kv_blocks", &p.kv_blocks},
@@ -121,7 +129,8 @@ Json ProfileJson(const WorkerProfile& p) {
           {"decode", model(p.decode)},
           {"transfer",
            {{"alpha_s", p.transfer_alpha_s},
-            {"bytes_per_s", p.transfer_bytes_per_s}}},
+            {"bytes_per_s", p.transfer_bytes_per_s},
+            {"s_per_token2", p.transfer_s_per_token2}}},
           {"kv_bytes_per_token", p.kv_bytes_per_token},
           {"kv_blocks", p.kv_blocks},
           {"block_size", p.block_size},
@@ -158,9 +167,11 @@ double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
 }
 
 double TransferSeconds(const WorkerProfile& p, int64_t tokens) {
-  return p.transfer_alpha_s + static_cast<double>(tokens) *
-                                  static_cast<double>(p.kv_bytes_per_token) /
-                                  p.transfer_bytes_per_s;
+  const auto t = static_cast<double>(tokens);
+  return p.transfer_alpha_s +
+         t * static_cast<double>(p.kv_bytes_per_token) /
+             p.transfer_bytes_per_s +
+         p.transfer_s_per_token2 * t * t;
 }
 
 }  // namespace baton

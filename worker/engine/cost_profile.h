@@ -43,8 +43,14 @@ struct WorkerProfile {
   std::string source;
   CostModel prefill;
   CostModel decode;
+  // A transfer of t tokens takes alpha + t * kv_bytes_per_token / bytes_per_s
+  // + s_per_token2 * t^2 seconds from the prefill's start. The square term
+  // is 0 for a link-bound transfer; one that streams layer by layer as a CPU
+  // prefill computes goes at the prefill's pace, whose attention grows with
+  // the square of the prompt.
   double transfer_alpha_s = 0;
   double transfer_bytes_per_s = 1e9;
+  double transfer_s_per_token2 = 0;
   int64_t kv_bytes_per_token = 0;
   // KV pool of one worker, in blocks of block_size tokens.
   int64_t kv_blocks = 4096;
