@@ -115,7 +115,8 @@ def bench(a, name, rate, seed, prompts):
     run([os.path.join(a.bin, "baton-bench"),
          f"--server={os.environ['BATON_SERVER']}",
          f"--num_prompts={prompts}", f"--request_rate={rate}",
-         f"--seed={seed}", "--save_result", f"--result_dir={out}",
+         f"--seed={seed}", "--reset_prefix_cache", "--save_result",
+         f"--result_dir={out}",
          f"--result_filename={name}.json"] + workload_flags(a),
         stdout=subprocess.DEVNULL)
     with open(os.path.join(out, f"{name}.json")) as f:

@@ -117,8 +117,10 @@ run_points() {
       "load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     echo "$shape $rate start $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/loadavg.txt"
     set +e
+    # Every rate sends the same seeded prompts to the same cluster: each
+    # starts with empty prefix caches, or the later rates would find them.
     "$BIN/baton-bench" --server="$BATON_SERVER" "${COMMON[@]}" --num-prompts="$NUM_PROMPTS" \
-      --request-rate="$rate" --max-duration-s="$MAX_DURATION" --save-result \
+      --request-rate="$rate" --max-duration-s="$MAX_DURATION" --reset-prefix-cache --save-result \
       --result-dir="$OUT/raw" --result-filename="$shape-r$rate.json" \
       >"$OUT/logs/$shape-r$rate.txt" 2>&1
     status=$?

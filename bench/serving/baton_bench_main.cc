@@ -121,6 +121,10 @@ ABSL_FLAG(double, profile_max_error, 0.10,
           "profile: refuse a fit whose mean error on held-out samples is "
           "above this fraction (a noisy host gives a profile not worth "
           "keeping)");
+ABSL_FLAG(bool, reset_prefix_cache, false,
+          "drop every cached prefix in the cluster before the run "
+          "(Baton.ResetPrefixCache, an admin call): a run that resends an "
+          "earlier run's prompts then measures them cold");
 ABSL_FLAG(std::string, cpus, "",
           "pin the benchmark client to these CPUs, e.g. 3 or 2-3");
 
@@ -332,6 +336,7 @@ int main(int argc, char** argv) {
   o.result_filename = absl::GetFlag(FLAGS_result_filename);
   o.connect_timeout_s = absl::GetFlag(FLAGS_connect_timeout_s);
   o.cpus = absl::GetFlag(FLAGS_cpus);
+  o.reset_prefix_cache = absl::GetFlag(FLAGS_reset_prefix_cache);
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);

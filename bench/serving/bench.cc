@@ -98,6 +98,27 @@ absl::StatusOr<v1::ModelInfo> ChooseModel(v1::Baton::Stub& stub,
                                           absl::StrJoin(ids, ", ")));
 }
 
+// Baton.ResetPrefixCache: every worker forgets its cached prefixes, so a run
+// does not find the prompts of an earlier run on the same cluster.
+absl::Status ResetPrefixCache(v1::Baton::Stub& stub, std::ostream& err) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::ResetPrefixCacheResponse response;
+  const grpc::Status status =
+      stub.ResetPrefixCache(&context, v1::ResetPrefixCacheRequest(), &response);
+  if (!status.ok()) {
+    return FromGrpc(status, "--reset_prefix_cache: ResetPrefixCache");
+  }
+  if (response.failed_workers_size() > 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--reset_prefix_cache: the reset did not reach ",
+                     absl::StrJoin(response.failed_workers(), "; ")));
+  }
+  err << "prefix caches reset: " << response.workers_reset() << " workers, "
+      << response.blocks_dropped() << " cached blocks dropped\n";
+  return absl::OkStatus();
+}
+
 std::string RateName(double rate) {
   return std::isinf(rate) ? "inf" : absl::StrCat(rate);
 }
@@ -118,7 +139,8 @@ Json ConfigJson(const BenchOptions& o, const std::string& model) {
             {"seed", r.seed},
             {"temperature", r.temperature},
             {"ignore_eos", r.ignore_eos},
-            {"cpus", o.cpus}};
+            {"cpus", o.cpus},
+            {"reset_prefix_cache", o.reset_prefix_cache}};
   if (o.dataset_name == "random") {
     j["random_input_len"] = o.random.input_len;
     j["random_prefix_len"] = o.random.prefix_len;
@@ -306,6 +328,9 @@ absl::StatusOr<BenchOutcome> RunBench(const BenchOptions& options,
   auto stub = v1::Baton::NewStub(channel);
   BATON_ASSIGN_OR_RETURN(const v1::ModelInfo model,
                          ChooseModel(*stub, options.runner.model));
+  if (options.reset_prefix_cache) {
+    BATON_RETURN_IF_ERROR(ResetPrefixCache(*stub, err));
+  }
 
   if (options.dataset_name == "multiturn") {
     return RunMultiTurnBench(options, *stub, model, out, err);

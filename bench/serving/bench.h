@@ -54,6 +54,11 @@ struct BenchOptions {
   // CPUs for this process's threads started from now on (including gRPC's
   // when it starts here), e.g. "3" or "2-3,6"; empty: no pinning.
   std::string cpus;
+  // Ask the cluster to drop every cached prefix before the run
+  // (Baton.ResetPrefixCache; an admin call, behind the API key when keys are
+  // configured), so a run that resends an earlier run's prompts measures
+  // them cold.
+  bool reset_prefix_cache = false;
 };
 
 struct BenchOutcome {

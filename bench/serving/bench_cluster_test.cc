@@ -1,8 +1,10 @@
 // baton-bench against a real cluster of processes (two colocated workers
 // with the default model): every request completes with exactly the
-// requested number of tokens; the multi-turn workload hits the prefix cache.
+// requested number of tokens, and a rerun finds its prompts cached unless it
+// resets the caches; the multi-turn workload hits the prefix cache.
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "absl/time/time.h"
 #include "bench/serving/bench.h"
@@ -52,6 +54,25 @@ TEST(BenchClusterTest, RandomWorkloadCompletesWithExactLengths) {
     EXPECT_FALSE(r.decode_worker.empty());
   }
   EXPECT_EQ(outcome->metrics.output_len_mismatches, 0);
+
+  // The same seeded prompts again find their blocks in the prefix cache
+  // (prompts of 17 tokens or more have a full block before their last);
+  // after --reset_prefix_cache none does.
+  auto cached = [](const BenchOutcome& o) {
+    int hits = 0;
+    for (const RequestRecord& r : o.run.records) hits += r.cached_tokens > 0;
+    return hits;
+  };
+  auto again = RunBench(o, out, err);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(cached(*again), 0);
+  o.reset_prefix_cache = true;
+  auto cold = RunBench(o, out, err);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  EXPECT_EQ(cold->metrics.completed, 8);
+  EXPECT_EQ(cached(*cold), 0);
+  EXPECT_NE(err.str().find("prefix caches reset: 2 workers"), std::string::npos)
+      << err.str();
   EXPECT_TRUE((*cluster)->WaitAllFree(absl::Seconds(10)).ok());
 }
 
