@@ -28,6 +28,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_callback.h>
 
+#include <chrono>
 #include <coroutine>
 #include <functional>
 #include <memory>
@@ -42,11 +43,16 @@ namespace baton::async {
 // RPC whose completion calls `done(status)`; the result is that status.
 // Everything the RPC uses (context, request, response) must outlive the
 // co_await, as locals of the awaiting coroutine do.
+// With `completed_at`, the time the reply arrived (on the gRPC thread, before
+// the hand-off to the executor) is written there.
 template <typename Start>
 class Unary {
  public:
-  Unary(Executor* executor, Start start)
-      : executor_(executor), start_(std::move(start)) {}
+  Unary(Executor* executor, Start start,
+        std::chrono::steady_clock::time_point* completed_at = nullptr)
+      : executor_(executor),
+        start_(std::move(start)),
+        completed_at_(completed_at) {}
 
   bool await_ready() const noexcept { return false; }
   bool await_suspend(std::coroutine_handle<> awaiter) {
@@ -54,6 +60,9 @@ class Unary {
     start_(std::function<void(::grpc::Status)>(
         [this, awaiter, executor = executor_](::grpc::Status status) {
           BATON_TSAN_ACQUIRE(this);
+          if (completed_at_ != nullptr) {
+            *completed_at_ = std::chrono::steady_clock::now();
+          }
           status_ = std::move(status);
           if (done_.Arrive()) executor->Resume(awaiter);
         }));
@@ -64,6 +73,7 @@ class Unary {
  private:
   Executor* const executor_;
   Start start_;
+  std::chrono::steady_clock::time_point* const completed_at_;
   ::grpc::Status status_;
   Rendezvous done_;
 };

@@ -134,14 +134,12 @@ async::Task<absl::Status> GenerateCall::Route() {
       std::shared_ptr<v1::Worker::Stub> stub =
           cluster_->WorkerStub(target.registration.address);
       rpc = co_await async::Unary(
-          &cluster_->executor(), [&](std::function<void(grpc::Status)> done) {
-            stub->async()->ReserveKv(
-                &context, &request, &reservation_,
-                [&replied, done = std::move(done)](grpc::Status s) {
-                  replied = SteadyClock::now();
-                  done(std::move(s));
-                });
-          });
+          &cluster_->executor(),
+          [&](std::function<void(grpc::Status)> done) {
+            stub->async()->ReserveKv(&context, &request, &reservation_,
+                                     std::move(done));
+          },
+          &replied);
     }
     if (rpc.ok()) {
       decode_ = target;

@@ -15,7 +15,8 @@ namespace baton {
 
 // Applies --engine, --profile and --kv_prefault to `options` (after --device
 // set its runner). InvalidArgument naming the flag for an unknown engine, a
-// missing or bad profile, or a simulated engine on a device.
+// missing or bad profile, or a simulated engine or --kv_prefault on a
+// device.
 absl::Status ApplyEngineFlags(bool on_device, EngineOptions* options);
 
 }  // namespace baton
