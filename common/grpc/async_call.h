@@ -1,8 +1,8 @@
 // Awaitable gRPC client calls over the callback API, for coroutines
 // (common/async/task.h) that must not hold a thread while an RPC runs:
 //
-//   grpc::Status s = co_await Unary(executor, [&](auto done) {
-//     stub->async()->ReserveKv(&context, &request, &response, std::move(done));
+//   grpc::Status s = co_await Unary(executor, [&](auto* reactor) {
+//     stub->async()->ReserveKv(&context, &request, &response, reactor);
 //   });
 //
 //   auto reader = std::make_shared<StreamReader<Request, Response>>(executor);
@@ -39,14 +39,18 @@
 
 namespace baton::async {
 
-// co_await Unary(executor, start): `start(done)` starts a unary callback
-// RPC whose completion calls `done(status)`; the result is that status.
+// co_await Unary(executor, start): `start(reactor)` names the reactor in a
+// unary callback RPC (stub->async()->Method(context, request, response,
+// reactor)); the awaiter starts the call, and the result is its status.
 // Everything the RPC uses (context, request, response) must outlive the
 // co_await, as locals of the awaiting coroutine do.
 // With `completed_at`, the time the reply arrived (on the gRPC thread, before
 // the hand-off to the executor) is written there.
+// The awaiter is the call's reactor: gRPC's OnDone is a virtual call on an
+// object written before the release, where a std::function callback would
+// hand gRPC's thread a closure copied after it.
 template <typename Start>
-class Unary {
+class Unary final : public ::grpc::ClientUnaryReactor {
  public:
   Unary(Executor* executor, Start start,
         std::chrono::steady_clock::time_point* completed_at = nullptr)
@@ -56,24 +60,31 @@ class Unary {
 
   bool await_ready() const noexcept { return false; }
   bool await_suspend(std::coroutine_handle<> awaiter) {
+    awaiter_ = awaiter;
     BATON_TSAN_RELEASE(this);
-    start_(std::function<void(::grpc::Status)>(
-        [this, awaiter, executor = executor_](::grpc::Status status) {
-          BATON_TSAN_ACQUIRE(this);
-          if (completed_at_ != nullptr) {
-            *completed_at_ = std::chrono::steady_clock::now();
-          }
-          status_ = std::move(status);
-          if (done_.Arrive()) executor->Resume(awaiter);
-        }));
+    start_(static_cast<::grpc::ClientUnaryReactor*>(this));
+    StartCall();
     return !done_.Arrive();
   }
   ::grpc::Status await_resume() { return std::move(status_); }
+
+  // gRPC's last reaction: nothing of the call is touched after it.
+  void OnDone(const ::grpc::Status& status) override {
+    BATON_TSAN_ACQUIRE(this);
+    if (completed_at_ != nullptr) {
+      *completed_at_ = std::chrono::steady_clock::now();
+    }
+    status_ = status;
+    Executor* const executor = executor_;
+    const std::coroutine_handle<> awaiter = awaiter_;
+    if (done_.Arrive()) executor->Resume(awaiter);
+  }
 
  private:
   Executor* const executor_;
   Start start_;
   std::chrono::steady_clock::time_point* const completed_at_;
+  std::coroutine_handle<> awaiter_;
   ::grpc::Status status_;
   Rendezvous done_;
 };

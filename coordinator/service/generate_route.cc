@@ -135,9 +135,9 @@ async::Task<absl::Status> GenerateCall::Route() {
           cluster_->WorkerStub(target.registration.address);
       rpc = co_await async::Unary(
           &cluster_->executor(),
-          [&](std::function<void(grpc::Status)> done) {
+          [&](grpc::ClientUnaryReactor* reactor) {
             stub->async()->ReserveKv(&context, &request, &reservation_,
-                                     std::move(done));
+                                     reactor);
           },
           &replied);
     }
