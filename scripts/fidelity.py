@@ -22,7 +22,9 @@
 3. At every load (a fraction of that capacity) and seed, runs baton-bench
    (Poisson arrivals) and then baton-sim on exactly what was sent: the
    trace of send times, prompt and output lengths from baton-bench's own
-   per-request records, with the profile.
+   per-request records, with the profile; every worker of the shape shares
+   this host (baton-sim --workers_per_host), so the profile's
+   neighbor_slowdown applies between them.
 4. Writes OUT/fidelity.md and OUT/fidelity.json: per shape and load the
    measured and simulated goodput, P90 TTFT and P90 TPOT (means over the
    seeds), the seeds' spread (max - min over the mean of the measured
@@ -42,6 +44,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -136,12 +139,18 @@ def trace_of(result, path):
             w.writerow([f"{r['send_time_s'] - t0:.6f}", r["prompt_tokens"], out])
 
 
+def workers_of(shape):
+    """1P1D -> 2, 2C -> 2: every worker of a shape runs on this host."""
+    return sum(int(n) for n in re.findall(r"(\d+)[PDC]", shape))
+
+
 def simulate(a, shape, name, result):
     trace = os.path.join(a.out, "raw", f"{name}.csv")
     trace_of(result, trace)
     path = os.path.join(a.out, "raw", f"{name}-sim.json")
     run([os.path.join(a.bin, "baton-sim"), f"--profile={a.profile}",
          f"--shape={shape}", f"--trace={trace}", f"--goodput={a.goodput}",
+         f"--workers_per_host={workers_of(shape)}",
          "--metric_percentiles=50,90,99", "--save_result",
          f"--result_filename={path}"], stdout=subprocess.DEVNULL)
     with open(path) as f:

@@ -1,7 +1,11 @@
 #include "bench/sim/profiler.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <limits>
+#include <span>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -82,6 +86,83 @@ absl::StatusOr<std::vector<bench::RequestRecord>> Run(
   return ok;
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// The neighbour run (profiler.h): a decode batch on the decode worker while
+// the prefill worker computes one prompt after another; returns the
+// slowdown (>= 0), or 0 when the two did not overlap.
+absl::StatusOr<double> NeighborSlowdown(std::shared_ptr<grpc::Channel> channel,
+                                        const WorkerProfile& profile,
+                                        const ProfileOptions& options,
+                                        std::ostream& log) {
+  const int batch = options.neighbor_batch;
+  std::atomic<bool> decoded{false};
+  // Each run's records count from its own start: the prefills' are moved
+  // onto the decode run's clock (started with the thread).
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<bench::RequestRecord>> decode =
+      absl::UnknownError("not run");
+  std::thread decoder([&] {
+    decode = Run(channel, batch, options.decode_contexts.front(),
+                 options.decode_tokens, batch, 7000, options);
+    decoded.store(true);
+  });
+  std::vector<bench::RequestRecord> prefills;
+  absl::Status prefill_status;
+  for (uint64_t i = 0; prefill_status.ok() && !decoded.load(); ++i) {
+    const double offset =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    auto r = Run(channel, 1, options.neighbor_prompt, 1, 1, 7100 + i, options);
+    if (r.ok()) {
+      for (bench::RequestRecord& record : *r) {
+        record.send_time_s += offset;
+        prefills.push_back(std::move(record));
+      }
+    } else {
+      prefill_status = r.status();
+    }
+  }
+  decoder.join();
+  if (!decode.ok()) return decode.status();
+  if (!prefill_status.ok()) return prefill_status;
+  // Both measured while the other worker computed: decode stretches of the
+  // whole batch, and prefills within them.
+  std::vector<double> decode_ratio, prefill_ratio;
+  for (const DecodeWindowSample& s :
+       DecodeWindowSamples(*decode, std::max(1, options.decode_chunk_tokens))) {
+    decode_ratio.push_back(s.step_s /
+                           DecodeSeconds(profile, s.sum_context, s.batch));
+  }
+  const DecodeWindow window = WholeBatchWindow(*decode);
+  for (const bench::RequestRecord& r : prefills) {
+    const double end = 1e3 * r.send_time_s + r.ttft_ms;
+    if (end - r.server.prefill_ms < window.start_ms || end > window.end_ms) {
+      continue;
+    }
+    const int64_t l = r.prompt_tokens;
+    prefill_ratio.push_back(r.server.prefill_ms / 1e3 /
+                            PrefillSeconds(profile, std::span(&l, 1)));
+  }
+  if (decode_ratio.empty() || prefill_ratio.empty()) {
+    log << "neighbours: the decode batch and the prefills did not overlap "
+           "(neighbor_slowdown 0)\n";
+    return 0.0;
+  }
+  const double d = Median(decode_ratio), p = Median(prefill_ratio);
+  log << absl::StrFormat(
+      "neighbours: decode steps %.3fx the fit (%d stretches of batch %d) "
+      "while prefilling, prefills %.3fx (%d prompts of %d tokens) while "
+      "decoding; neighbor_slowdown %.3f\n",
+      d, decode_ratio.size(), batch, p, prefill_ratio.size(),
+      options.neighbor_prompt, std::max(0.0, (d + p) / 2 - 1));
+  return std::max(0.0, (d + p) / 2 - 1);
+}
+
 void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
   log << absl::StrFormat(
       "%s: c0 %.4g, c1 %.4g, c2 %.4g; %d samples, error %.1f%% (held out "
@@ -92,19 +173,23 @@ void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
 
 }  // namespace
 
-std::vector<DecodeWindowSample> DecodeWindowSamples(
-    const std::vector<bench::RequestRecord>& records, int chunk) {
-  // The steps in which every request of the batch decodes: after the last
-  // first token and before the first request ends (earlier steps share the
-  // engine with prefills of the others).
-  double start = 0, end = std::numeric_limits<double>::infinity();
+DecodeWindow WholeBatchWindow(
+    const std::vector<bench::RequestRecord>& records) {
+  // Earlier steps share the engine with prefills of the others.
+  DecodeWindow w{0, std::numeric_limits<double>::infinity()};
   for (const bench::RequestRecord& r : records) {
     const double first = 1e3 * r.send_time_s + r.ttft_ms;
     double last = first;
     for (double gap : r.itl_ms) last += gap;
-    start = std::max(start, first);
-    end = std::min(end, last);
+    w.start_ms = std::max(w.start_ms, first);
+    w.end_ms = std::min(w.end_ms, last);
   }
+  return w;
+}
+
+std::vector<DecodeWindowSample> DecodeWindowSamples(
+    const std::vector<bench::RequestRecord>& records, int chunk) {
+  const auto [start, end] = WholeBatchWindow(records);
   // Gaps by the index of the step within that window, with each request's
   // context at it; a stretch of `chunk` steps gives one sample, the median
   // gap (robust to tokens that reach the client together).
@@ -239,6 +324,9 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
                   transfer_fit->model.c1
             : std::numeric_limits<double>::max();
     profile.transfer_s_per_token2 = transfer_fit->model.c2;
+    auto slowdown = NeighborSlowdown(channel, profile, options, log);
+    if (!slowdown.ok()) return slowdown.status();
+    profile.neighbor_slowdown = *slowdown;
     profile.source = absl::StrFormat(
         "measured by baton-bench profile on a split cluster: prefill "
         "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%",

@@ -14,6 +14,11 @@
 //     prefill worker's transfer time (first byte to the last layer's
 //     acknowledgement, which overlaps the prefill), fitted α + bytes/β;
 //     colocated clusters move no KV, and the profile says so;
+//   - neighbours (split clusters): a decode batch while the prefill worker
+//     prefills one prompt after another; the steps of each, against the
+//     fits, give how much two busy workers slow each other down
+//     (neighbor_slowdown: the mean of the two medians' excess, 0 for
+//     workers that share nothing);
 //   - the KV pool and layout from GetClusterStatus.
 // Each fit is validated on held-out samples (fit.h); a fit above the limit
 // is an error, not a profile.
@@ -42,6 +47,10 @@ struct ProfileOptions {
   std::vector<int> decode_contexts = {32};
   int decode_tokens = 384;
   int decode_chunk_tokens = 64;
+  // The neighbour run: a decode batch of this many, and the prompts the
+  // prefill worker computes meanwhile.
+  int neighbor_batch = 4;
+  int neighbor_prompt = 256;
   // The workers' scheduler settings (baton-worker's defaults), which the
   // profile carries for the simulator.
   int64_t max_batch_tokens = 512;
@@ -59,6 +68,13 @@ struct DecodeWindowSample {
   int64_t sum_context = 0;
   double step_s = 0;
 };
+// The steps in which every request of the batch decodes, in ms since the
+// run's start: after the last first token, before the first one ends.
+struct DecodeWindow {
+  double start_ms = 0;
+  double end_ms = 0;
+};
+DecodeWindow WholeBatchWindow(const std::vector<bench::RequestRecord>& records);
 std::vector<DecodeWindowSample> DecodeWindowSamples(
     const std::vector<bench::RequestRecord>& records, int chunk);
 

@@ -59,6 +59,10 @@ absl::Status ValidateSimInput(const SimOptions& options,
       !s.ok()) {
     return s;
   }
+  if (options.workers_per_host < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workers_per_host must be >= 1, got ", options.workers_per_host));
+  }
   if (options.piece_tokens <= 0 ||
       options.piece_tokens % options.profile.block_size != 0 ||
       options.piece_tokens / options.profile.block_size > kMaxBlocksPerPiece) {

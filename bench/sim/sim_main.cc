@@ -52,6 +52,10 @@ ABSL_FLAG(int64_t, max_waiting_requests, 1024,
 ABSL_FLAG(std::string, goodput, "",
           "SLOs for goodput, e.g. 'ttft:500 tpot:50'");
 ABSL_FLAG(std::string, metric_percentiles, "50,90,99", "percentiles to print");
+ABSL_FLAG(int32_t, workers_per_host, 1,
+          "workers that share one host (in the order prefill, decode, "
+          "colocated); they slow each other's steps by the profile's "
+          "neighbor_slowdown");
 ABSL_FLAG(int64_t, seed, 0, "seeds the arrivals and lengths");
 ABSL_FLAG(bool, save_result, false, "write the JSON result");
 ABSL_FLAG(std::string, result_filename, "baton-sim.json", "where");
@@ -80,6 +84,7 @@ int Main() {
   options.policy = absl::GetFlag(FLAGS_policy);
   options.prefix_cache = absl::GetFlag(FLAGS_prefix_cache);
   options.piece_tokens = absl::GetFlag(FLAGS_trace_piece_tokens);
+  options.workers_per_host = absl::GetFlag(FLAGS_workers_per_host);
   options.admission.ttft_slo =
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =

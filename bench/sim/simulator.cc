@@ -33,6 +33,7 @@ struct Worker {
   int64_t free_blocks = 0;
   int64_t queued_prefill_tokens = 0;
   bool busy = false;
+  int host = 0;  // index into host_busy_
   double step_start = 0;
   PrefillRate rate;
   Candidates* pool = nullptr;  // where its WorkerInfo lives
@@ -142,6 +143,11 @@ class Simulation {
       prefix_->AddWorker(info.ref.id, p_.kv_blocks);
       Worker& w = workers_.emplace_back();
       w.role = role;
+      w.host =
+          static_cast<int>(workers_.size() - 1) / options_.workers_per_host;
+      if (static_cast<size_t>(w.host) >= host_busy_.size()) {
+        host_busy_.resize(static_cast<size_t>(w.host) + 1, 0);
+      }
       w.free_blocks = p_.kv_blocks;
       w.pool = pool;
       w.pool_index = pool->size();
@@ -379,6 +385,10 @@ class Simulation {
                                static_cast<int64_t>(worker.running.size()));
     }
     if (pieces.empty() && worker.running.empty()) return;
+    // The others of its host computing now slow this step down.
+    int& host_busy = host_busy_[static_cast<size_t>(worker.host)];
+    seconds *= 1 + p_.neighbor_slowdown * host_busy;
+    ++host_busy;
     worker.busy = true;
     worker.step_start = now_;
     Push(now_ + seconds, EventType::kStepDone, w);
@@ -388,6 +398,7 @@ class Simulation {
   void StepDone(int w) {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.busy = false;
+    --host_busy_[static_cast<size_t>(worker.host)];
     // Decode first: the running batch's tokens.
     std::vector<int> still;
     for (int r : worker.running) {
@@ -437,6 +448,7 @@ class Simulation {
   const WorkerProfile& p_;
   std::unique_ptr<coordinator::RoutingPolicy> policy_;
   std::unique_ptr<PrefixModel> prefix_;
+  std::vector<int> host_busy_;  // workers computing, per host
   std::vector<Request> requests_;
   std::deque<Worker> workers_;  // PrefillRate does not move
   absl::flat_hash_map<std::string, int> by_id_;

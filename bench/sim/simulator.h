@@ -22,6 +22,8 @@
 //   colocated (`both` workers only): the worker's queue; a prompt starts
 //   when its prompt + output blocks fit; each step prefills the prompts it
 //   takes and decodes the running batch, and lasts the sum of both times.
+// Workers that share a host (workers_per_host) slow each other's steps by
+// the profile's neighbor_slowdown, as the steps start.
 // The coordinator's view is exact (no heartbeat lag); prefill rates for
 // admission are each worker's measured rate, as the real engine reports
 // it (worker/engine/prefill_rate.h). Ties break by order of events, so a
@@ -67,6 +69,10 @@ struct SimOptions {
   // --prefix_cache=on; pieces of piece_tokens (a multiple of the block size).
   bool prefix_cache = true;
   int64_t piece_tokens = 512;
+  // Workers that share one host, in the order prefill, decode, colocated:
+  // a step that starts while k others of its host compute lasts
+  // 1 + k · profile.neighbor_slowdown times longer. 1: every worker alone.
+  int workers_per_host = 1;
 };
 
 // Parses "1P1D", "2C", "4P12D" into prefill / decode / both counts.
@@ -86,8 +92,8 @@ struct SimResult {
 
 // INVALID_ARGUMENT naming the problem: a shape without split or colocated
 // workers, bad admission options, piece_tokens not a multiple of the block
-// size, a request with a length < 1, out of order, or larger than a
-// worker's KV pool. (The policy is checked by Simulate.)
+// size, workers_per_host < 1, a request with a length < 1, out of order, or
+// larger than a worker's KV pool. (The policy is checked by Simulate.)
 absl::Status ValidateSimInput(const SimOptions& options,
                               const std::vector<SimRequest>& requests);
 

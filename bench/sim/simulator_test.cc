@@ -85,6 +85,27 @@ TEST(SimulatorTest, SaturatedThroughputIsTheSlowerPoolsRate) {
   }
 }
 
+TEST(SimulatorTest, WorkersOfOneHostSlowEachOtherDown) {
+  // Two colocated workers, saturated: every step starts while the other
+  // computes (but the very first), so with a 10% neighbour slowdown the
+  // run takes 10% longer when they share a host, and as long as without
+  // it when they do not.
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("2C", &options).ok());
+  options.profile = FixedProfile(0.1, 0.05, 64);
+  options.profile.neighbor_slowdown = 0.1;
+  std::vector<SimRequest> requests(400, SimRequest{0, 64, 1});
+  auto apart = Simulate(options, requests);
+  options.workers_per_host = 2;
+  auto shared = Simulate(options, requests);
+  ASSERT_TRUE(apart.ok() && shared.ok());
+  EXPECT_NEAR(apart->end_s, 400 / 2 * 0.1, 1e-9);
+  EXPECT_NEAR(shared->end_s / apart->end_s, 1.1, 0.005);
+  options.workers_per_host = 0;
+  EXPECT_THAT(Simulate(options, requests).status().message(),
+              HasSubstr("workers_per_host must be >= 1"));
+}
+
 TEST(SimulatorTest, SameInputsGiveTheSameRun) {
   SimOptions options;
   ASSERT_TRUE(ParseShape("3P2D", &options).ok());
@@ -213,7 +234,17 @@ TEST(ProfileTest, ParsesAndNamesTheBadField) {
   EXPECT_DOUBLE_EQ(TransferSeconds(*q, 1000),
                    0.0001 + 23040e3 / 2e9 + 1e-9 * 1e6);
   EXPECT_EQ(ProfileJson(*q)["transfer"]["s_per_token2"], 1e-9);
+  // So is the neighbour slowdown (0: workers that share nothing).
+  EXPECT_EQ(p->neighbor_slowdown, 0);
+  paced["neighbor_slowdown"] = 0.06;
+  q = ParseProfile(paced);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(ProfileJson(*q)["neighbor_slowdown"], 0.06);
   nlohmann::json bad = good;
+  bad["neighbor_slowdown"] = -0.1;
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'neighbor_slowdown' must be >= 0"));
+  bad = good;
   bad["transfer"]["s_per_token2"] = -1e-9;
   EXPECT_THAT(ParseProfile(bad).status().message(),
               HasSubstr("'transfer.s_per_token2' must be >= 0"));

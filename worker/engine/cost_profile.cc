@@ -93,6 +93,13 @@ absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
       return s;
     }
   }
+  if (json.contains("neighbor_slowdown")) {
+    if (absl::Status s =
+            Number(json, "neighbor_slowdown", 0, false, &p.neighbor_slowdown);
+        !s.ok()) {
+      return s;
+    }
+  }
   for (auto [key, field] :
        {std::pair{"kv_bytes_per_token", &p.kv_bytes_per_token},
         std::pair{"kv_blocks", &p.kv_blocks},
@@ -135,7 +142,8 @@ Json ProfileJson(const WorkerProfile& p) {
           {"kv_blocks", p.kv_blocks},
           {"block_size", p.block_size},
           {"max_batch_tokens", p.max_batch_tokens},
-          {"max_num_seqs", p.max_num_seqs}};
+          {"max_num_seqs", p.max_num_seqs},
+          {"neighbor_slowdown", p.neighbor_slowdown}};
 }
 
 double PrefillSeconds(const WorkerProfile& p,

@@ -10,7 +10,8 @@
 //     "transfer": {"alpha_s": 0.0005, "bytes_per_s": 1.5e9},
 //     "kv_bytes_per_token": 23040,
 //     "kv_blocks": 4096, "block_size": 16,
-//     "max_batch_tokens": 512, "max_num_seqs": 64
+//     "max_batch_tokens": 512, "max_num_seqs": 64,
+//     "neighbor_slowdown": 0.05
 //   }
 //
 // Prefill of a batch of prompts with lengths l_i takes
@@ -59,6 +60,12 @@ struct WorkerProfile {
   int64_t max_batch_tokens = 512;
   // Sequences in one decode batch.
   int64_t max_num_seqs = 64;
+  // How much slower a step runs while another worker of the same host
+  // computes (shared cores, caches and memory bandwidth), as a fraction:
+  // 0.05 is 5% slower per busy neighbour. Optional, 0 by default (one
+  // worker per host, or devices that share nothing); baton-sim applies it
+  // with --workers_per_host, the simulated engine does not.
+  double neighbor_slowdown = 0;
 };
 
 // INVALID_ARGUMENT naming the field for a missing or out-of-range value
