@@ -29,11 +29,15 @@ void EngineLoop::Run() {
       woken_ = false;
     }
     if (engine_->Step()) continue;
+    // Time-driven work needs a live request or handoff; without one, only
+    // a wake (new work) matters, and the long poll just bounds a missed one.
+    const absl::Duration poll =
+        engine_->HasWork() ? idle_poll_ : absl::Seconds(1);
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return woken_ || stop_;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), idle_poll_);
+    mu_.AwaitWithTimeout(absl::Condition(&ready), poll);
   }
 }
 

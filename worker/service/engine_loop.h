@@ -2,8 +2,10 @@
 // and sleeps on a condition when idle, woken by Wake() (new work from the
 // service, and the engine's own wakeup: a KV handoff confirmed on a sender
 // thread) or after `idle_poll`, which only time-driven work needs (a
-// handoff's timeout; blocks another thread freed for a waiting request). An
-// idle worker wakes 50 times a second, not 500 (2 ms before the wakeup).
+// handoff's timeout; blocks another thread freed for a waiting request)
+// while the engine holds work, every second when it holds none: an idle
+// worker wakes once a second (50 times with work in flight, 500 before the
+// wakeup), which matters where dozens of workers share a host.
 #ifndef BATON_WORKER_SERVICE_ENGINE_LOOP_H_
 #define BATON_WORKER_SERVICE_ENGINE_LOOP_H_
 
