@@ -154,13 +154,14 @@ absl::StatusOr<double> NeighborSlowdown(std::shared_ptr<grpc::Channel> channel,
     return 0.0;
   }
   const double d = Median(decode_ratio), p = Median(prefill_ratio);
+  const double slowdown = std::max(0.0, (d + p) / 2 - 1);
   log << absl::StrFormat(
       "neighbours: decode steps %.3fx the fit (%d stretches of batch %d) "
       "while prefilling, prefills %.3fx (%d prompts of %d tokens) while "
       "decoding; neighbor_slowdown %.3f\n",
       d, decode_ratio.size(), batch, p, prefill_ratio.size(),
-      options.neighbor_prompt, std::max(0.0, (d + p) / 2 - 1));
-  return std::max(0.0, (d + p) / 2 - 1);
+      options.neighbor_prompt, slowdown);
+  return slowdown;
 }
 
 void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
@@ -224,11 +225,9 @@ std::vector<DecodeWindowSample> DecodeWindowSamples(
       sum_context += contexts[s] / static_cast<int64_t>(batch);
     }
     if (window.size() < static_cast<size_t>(chunk) * batch) continue;
-    std::nth_element(window.begin(), window.begin() + window.size() / 2,
-                     window.end());
     samples.push_back({static_cast<int64_t>(batch),
                        static_cast<int64_t>(batch) * sum_context / chunk,
-                       window[window.size() / 2] / 1e3});
+                       Median(std::move(window)) / 1e3});
   }
   return samples;
 }
