@@ -14,7 +14,6 @@ using quant_blocks::F16At;
 // Output block sizes (bytes per 32 weights) of the internal layouts.
 constexpr int kQ4_KRBytes = 24;
 constexpr int kQ40Bytes = 40;  // Q5_K_R and Q6_K_R
-constexpr int kQ8_0Bytes = 34;
 
 void PutF32(uint8_t* p, float v) { std::memcpy(p, &v, sizeof(v)); }
 
