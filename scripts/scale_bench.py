@@ -3,6 +3,7 @@
 
     scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
                            [--rate=250] [--warmup=200] [--idle_s=10]
+                           [--input_len=4] [--simulate_kv_transfers]
                            [--coordinator_cpus=0]
                            [--worker_cpus=1] [--client_cpus=1]
                            [--out=DIR] [--bin=build/bin]
@@ -14,7 +15,7 @@ nothing), pinned with the coordinator and the client to the stated CPUs.
 After --warmup short requests that are not measured (so every channel
 from the coordinator to a worker is connected and the processes settled),
 for every stream count N, baton-bench sends N requests at --rate per
-second, each a 4-token prompt and 8 tokens of answer (one KV block) whose decode steps
+second, each a 4-token prompt (--input_len) and 8 tokens of answer (one KV block) whose decode steps
 take 6 s (so every stream stays open for 48 s: at the default 250 requests
 per second all N are in flight at once up to N = 12,000), and this
 reports from the per-request records and /proc:
@@ -32,6 +33,12 @@ reports from the per-request records and /proc:
   workers' idle CPU, all together (they share --worker_cpus); each CPU's
   busy share over the point (/proc/stat), which tells a coordinator that
   is behind from workers and a client that are.
+
+With --simulate_kv_transfers the workers' KV handoffs carry no bytes (the
+worker flag of that name: simulated layer frames, paced by the profile's
+transfer model) and their pools are not committed at start (nothing is
+ever written to them); otherwise every handoff moves its prompt's KV over
+loopback, and the pools are committed (--kv_prefault).
 
 Writes OUT/scale.md and OUT/scale.json. A benchmark, not a test: run it on a
 quiet machine.
@@ -73,6 +80,10 @@ def parse_args(argv):
     p.add_argument("--idle_s", type=float, default=10,
                    help="seconds of idle coordinator CPU measured after the "
                         "warm-up (0: not measured)")
+    p.add_argument("--input_len", type=int, default=4,
+                   help="prompt tokens of each measured request")
+    p.add_argument("--simulate_kv_transfers", action="store_true",
+                   help="KV handoffs without bytes (baton-worker's flag)")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
@@ -176,7 +187,7 @@ def points_of(a, workers):
         cmd = [os.path.join(a.bin, "baton-bench"),
                f"--server={os.environ['BATON_SERVER']}",
                f"--num_prompts={n}", f"--request_rate={a.rate}",
-               "--random_input_len=4", "--random_output_len=8",
+               f"--random_input_len={a.input_len}", "--random_output_len=8",
                f"--cpus={a.client_cpus}", "--request_timeout_s=600",
                "--save_result", f"--result_dir={a.out}",
                f"--result_filename={name}.json"]
@@ -268,23 +279,28 @@ def main(argv):
     with open(profile, "w") as f:
         json.dump(PROFILE, f, indent=2)
     block_mib = 16 * PROFILE["kv_bytes_per_token"] / 2**20
+    blocks = (a.input_len + 8 + 15) // 16  # of each stream
     for w in a.worker_list:
-        # Every stream's block on one of W/2 decode workers, with room to
+        # Every stream's blocks on one of W/2 decode workers, with room to
         # spare; the pools are committed at start (--kv_prefault), so the
-        # first requests do not wait for the workers' page faults.
-        kv_mib = max(64, int(1.5 * block_mib * max(a.stream_list) / (w // 2)))
+        # first requests do not wait for the workers' page faults, unless
+        # the transfers are simulated (no byte of a pool is ever written).
+        kv_mib = max(64, int(1.5 * block_mib * blocks * max(a.stream_list) /
+                             (w // 2)))
+        kv_flags = (["--worker_flag=--simulate_kv_transfers"]
+                    if a.simulate_kv_transfers
+                    else ["--worker_flag=--kv_prefault"])
         inner = [sys.executable, os.path.abspath(__file__),
                  f"--points_of={w}", f"--out={a.out}", f"--bin={a.bin}",
                  f"--streams={a.streams}", f"--rate={a.rate}",
                  f"--client_cpus={a.client_cpus}", f"--warmup={a.warmup}",
-                 f"--idle_s={a.idle_s}"]
+                 f"--idle_s={a.idle_s}", f"--input_len={a.input_len}"]
         cmd = ["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"),
                f"{w // 2}P{w // 2}D", "--no-build", f"--bin={a.bin}",
                f"--kv_cache_mib={kv_mib}",
                f"--coordinator_cpus={a.coordinator_cpus}",
                f"--worker_cpus={a.worker_cpus}",
-               "--worker_flag=--engine=simulated",
-               "--worker_flag=--kv_prefault",
+               "--worker_flag=--engine=simulated", *kv_flags,
                "--worker_flag=--max_waiting_requests=100000",
                "--worker_flag=--max_queued_reservations=100000",
                f"--worker_flag=--profile={profile}",

@@ -51,29 +51,42 @@ std::vector<int32_t> Expected(const v1::GenerateRequest& request) {
   return out;
 }
 
-TEST(ClusterSimulatedTest, ManyConcurrentStreamsOnSimulatedWorkers) {
-  auto dir = TempDir::Create("baton-sim-profile");
-  ASSERT_TRUE(dir.ok()) << dir.status();
+// Writes a profile of fast simulated steps into `dir`; returns its path.
+std::string WriteProfile(const TempDir& dir) {
   WorkerProfile profile;
   profile.prefill.c0 = 0.001;
   profile.prefill.c1 = 2e-5;  // 50,000 prompt tokens/s
   profile.decode.c0 = 0.002;
   profile.decode.c2 = 1e-5;
   profile.kv_bytes_per_token = 23040;
-  const std::string path = dir->File("profile.json");
-  ASSERT_TRUE(WriteFileAtomically(path, ProfileJson(profile).dump()).ok());
+  profile.transfer_alpha_s = 0.005;
+  profile.transfer_bytes_per_s = 5e9;
+  const std::string path = dir.File("profile.json");
+  EXPECT_TRUE(WriteFileAtomically(path, ProfileJson(profile).dump()).ok());
+  return path;
+}
 
+// Sends kRequests concurrent streams of varied lengths to a cluster of
+// simulated workers (`prefill` + `decode` of them, with `extra_flags`):
+// each gets the simulated model's tokens, and every block is free after.
+void ConcurrentStreams(int prefill, int decode, int requests_to_send,
+                       const std::vector<std::string>& extra_flags) {
+  auto dir = TempDir::Create("baton-sim-profile");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string path = WriteProfile(*dir);
   LocalClusterOptions options;
-  options.prefill = 2;
-  options.decode = 4;
+  options.prefill = prefill;
+  options.decode = decode;
   // As scripts/scale_bench.py runs them: pools committed at start.
   options.worker_flags = {"--engine=simulated", "--profile=" + path,
                           "--kv_prefault"};
+  options.worker_flags.insert(options.worker_flags.end(), extra_flags.begin(),
+                              extra_flags.end());
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
 
-  constexpr int kRequests = 96;
+  const int kRequests = requests_to_send;
   std::vector<v1::GenerateRequest> requests;
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(TokenRequest(i, 20 + i % 200, 8 + i % 24));
@@ -102,6 +115,34 @@ TEST(ClusterSimulatedTest, ManyConcurrentStreamsOnSimulatedWorkers) {
   EXPECT_TRUE(c.Stop().ok());
 }
 
+TEST(ClusterSimulatedTest, ManyConcurrentStreamsOnSimulatedWorkers) {
+  ConcurrentStreams(2, 4, 96, {});
+}
+
+// --simulate_kv_transfers: the handoffs carry no bytes (simulated layer
+// frames) and take the profile's transfer time; the tokens and the
+// accounting are those of a cluster that moves the bytes.
+TEST(ClusterSimulatedTest, SimulatedTransfersCarryNoBytes) {
+  ConcurrentStreams(1, 2, 32, {"--simulate_kv_transfers"});
+  // A decode worker without the flag takes real KV only: the prefill
+  // worker's handoffs to it are refused, so they carried no bytes.
+  auto dir = TempDir::Create("baton-sim-profile");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  LocalClusterOptions options;
+  options.prefill = 1;
+  options.decode = 1;
+  options.worker_flags = {"--engine=simulated",
+                          "--profile=" + WriteProfile(*dir)};
+  options.flags_of_worker[0] = {"--simulate_kv_transfers"};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  StreamResult r = RunGenerate((*cluster)->baton(), TokenRequest(1, 40, 4));
+  EXPECT_EQ(r.result.finish_reason(), v1::FINISH_REASON_ERROR) << Describe(r);
+  EXPECT_THAT(Describe(r), HasSubstr("this receiver takes real KV only"));
+  EXPECT_TRUE((*cluster)->WaitAllFree(DefaultTestDeadline()).ok());
+  EXPECT_TRUE((*cluster)->Stop().ok());
+}
+
 TEST(ClusterSimulatedTest, AWorkerRefusesABadEngineOrProfile) {
   auto dir = TempDir::Create("baton-sim-profile");
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -110,6 +151,7 @@ TEST(ClusterSimulatedTest, AWorkerRefusesABadEngineOrProfile) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--engine=quantum"},
         std::vector<std::string>{"--engine=simulated"},
+        std::vector<std::string>{"--simulate_kv_transfers"},
         std::vector<std::string>{"--engine=simulated", "--profile=" + bad}}) {
     LocalClusterOptions options;
     options.prefill = 0;

@@ -95,7 +95,46 @@ class SimulatedRunner : public ForwardRunner {
   KvCache* const cache_;
 };
 
+class PacedKvSink : public KvSink {
+ public:
+  PacedKvSink(std::unique_ptr<KvSink> inner, absl::Time finish_at)
+      : inner_(std::move(inner)), finish_at_(finish_at) {}
+  absl::Status SendLayer(int64_t layer,
+                         std::span<const uint8_t> bytes) override {
+    return inner_->SendLayer(layer, bytes);
+  }
+  absl::Status SendLayerChunks(int64_t layer,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate& gate) override {
+    return inner_->SendLayerChunks(layer, chunks, gate);
+  }
+  absl::Status Finish() override {
+    absl::SleepFor(finish_at_ - absl::Now());  // no-op when past
+    return inner_->Finish();
+  }
+  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+
+ private:
+  std::unique_ptr<KvSink> inner_;
+  const absl::Time finish_at_;
+};
+
 }  // namespace
+
+KvSinkFactory SimulatedTransferSinkFactory(KvSinkFactory inner,
+                                           WorkerProfile profile) {
+  return
+      [inner = std::move(inner), profile = std::move(profile)](
+          const KvSinkInfo& info) -> absl::StatusOr<std::unique_ptr<KvSink>> {
+        const absl::Time opened = absl::Now();
+        BATON_ASSIGN_OR_RETURN(std::unique_ptr<KvSink> sink, inner(info));
+        const int64_t carried = std::max<int64_t>(
+            0, info.num_tokens - info.first_block * info.layout.block_size);
+        return std::make_unique<PacedKvSink>(
+            std::move(sink),
+            opened + absl::Seconds(TransferSeconds(profile, carried)));
+      };
+}
 
 int32_t SimulatedToken(int64_t position, int32_t last_token,
                        int64_t vocab_size) {

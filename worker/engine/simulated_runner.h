@@ -15,10 +15,21 @@
 
 #include "worker/engine/cost_profile.h"
 #include "worker/engine/forward_runner.h"
+#include "worker/engine/kv_sink.h"
 
 namespace baton {
 
 ForwardRunnerFactory SimulatedRunnerFactory(WorkerProfile profile);
+
+// Simulated KV transfers (baton-worker --simulate_kv_transfers): sinks from
+// `inner` (a TcpKvSender with simulated_layers, which moves no bytes) whose
+// Finish returns no earlier than the profile's transfer time of the tokens
+// the handoff carries (TransferSeconds, from the tokens after first_block),
+// counted from when the handoff opened its sink, as the prefill started:
+// the destination sees the last layer land when the modelled link would
+// have delivered it.
+KvSinkFactory SimulatedTransferSinkFactory(KvSinkFactory inner,
+                                           WorkerProfile profile);
 
 // The token the simulated model prefers after `last_token` at `position`:
 // a mix of both, in the upper three quarters of the vocabulary (clear of

@@ -1,5 +1,6 @@
 #include "worker/service/engine_flags.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -26,12 +27,25 @@ ABSL_FLAG(bool, kv_prefault, false,
           "is first to use; not with --device=cuda:N (its pool is on the "
           "GPU)");
 
+ABSL_FLAG(bool, simulate_kv_transfers, false,
+          "with --engine=simulated: KV handoffs carry no bytes (the "
+          "receiver counts each layer landed) and take the time --profile's "
+          "transfer model predicts; every worker of the cluster needs it");
+
 namespace baton {
 
 namespace {
 
-absl::Status ApplySimulatedEngine(bool on_device, EngineOptions* options) {
+absl::Status ApplySimulatedEngine(
+    bool on_device, EngineOptions* options,
+    std::optional<WorkerProfile>* simulated_kv_transfers) {
+  const bool simulate_kv = absl::GetFlag(FLAGS_simulate_kv_transfers);
   const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "cpu" && simulate_kv) {
+    return absl::InvalidArgumentError(
+        "--simulate_kv_transfers needs --engine=simulated (a computing "
+        "engine's KV must travel)");
+  }
   if (engine == "cpu") return absl::OkStatus();
   if (engine != "simulated") {
     return absl::InvalidArgumentError(
@@ -51,20 +65,26 @@ absl::Status ApplySimulatedEngine(bool on_device, EngineOptions* options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--profile: ", profile.status().message()));
   }
+  if (simulate_kv) *simulated_kv_transfers = *profile;
   options->make_runner = SimulatedRunnerFactory(*std::move(profile));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ApplyEngineFlags(bool on_device, EngineOptions* options) {
+absl::Status ApplyEngineFlags(
+    bool on_device, EngineOptions* options,
+    std::optional<WorkerProfile>* simulated_kv_transfers) {
+  *simulated_kv_transfers = std::nullopt;
   if (absl::GetFlag(FLAGS_kv_prefault) && on_device) {
     return absl::InvalidArgumentError(
         "--kv_prefault commits a host KV pool; with --device=cuda:N the pool "
         "is on the GPU");
   }
   options->kv_prefault = absl::GetFlag(FLAGS_kv_prefault);
-  if (absl::Status s = ApplySimulatedEngine(on_device, options); !s.ok()) {
+  if (absl::Status s =
+          ApplySimulatedEngine(on_device, options, simulated_kv_transfers);
+      !s.ok()) {
     return s;
   }
   if (absl::GetFlag(FLAGS_fault_after_steps) > 0) {

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,8 +282,9 @@ int Main() {
     engine_options.make_runner = *std::move(runner);
   }
 #endif
+  std::optional<WorkerProfile> simulated_kv;  // --simulate_kv_transfers
   if (absl::Status s = ApplyEngineFlags(device->kind != DeviceSpec::Kind::kCpu,
-                                        &engine_options);
+                                        &engine_options, &simulated_kv);
       !s.ok()) {
     Log(std::string(s.message()));
     return 2;
@@ -338,6 +340,7 @@ int Main() {
     options.kv_tls = std::move(*kv_tls);
   }
   options.peer_credentials = *control_credentials;
+  options.simulated_kv_transfers = std::move(simulated_kv);
 #if BATON_WORKER_CUDA
   // A GPU worker also hands KV device to device: CUDA IPC with workers on
   // its GPU, NCCL with workers on others (the sender picks; TCP otherwise).

@@ -24,12 +24,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(
   }
   std::unique_ptr<WorkerService> service(new WorkerService(options, engine));
   if (options.role != v1::WORKER_ROLE_PREFILL) {
-    TcpKvReceiverOptions receiver_options;
-    receiver_options.host = options.kv_host;
-    receiver_options.port = options.kv_port;
-    receiver_options.stall_timeout = options.kv_stall_timeout;
-    receiver_options.tls = options.kv_tls;
-    auto receiver = TcpKvReceiver::Start(receiver_options,
+    auto receiver = TcpKvReceiver::Start(KvReceiverOptions(options),
                                          service->MeteredImportCallbacks());
     if (!receiver.ok()) return receiver.status();
     service->receiver_ = std::move(*receiver);
@@ -274,13 +269,8 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
                                   options_.model_id, target.transfer_secret());
     prefill_options.sink_reads_device_pool = true;
   } else {
-    TcpKvSenderOptions sender_options;
-    sender_options.pool = kv_connections_;
-    sender_options.stall_timeout = options_.kv_stall_timeout;
-    sender_options.transfer_secret = target.transfer_secret();
-    sender_options.tls = options_.kv_tls;
-    prefill_options.make_sink = TcpKvSinkFactory(
-        tcp->address(), transfer_id, options_.model_id, sender_options);
+    prefill_options.make_sink =
+        TcpKvSink(tcp->address(), transfer_id, target.transfer_secret());
   }
   prefill_options.timeout = options_.handoff_timeout;
   prefill_options.first_block = target.first_block();

@@ -34,6 +34,7 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/grpc/stream_reactor.h"
 #include "common/metrics/metrics.h"
+#include "worker/engine/cost_profile.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/service/callback_gate.h"
@@ -71,6 +72,11 @@ struct WorkerServiceOptions {
   // Set (--kv_tls): the TCP KV connections this worker opens and accepts
   // are mutual TLS (worker/transport/kv_tls.h).
   std::shared_ptr<KvTls> kv_tls = nullptr;
+  // Set (--simulate_kv_transfers, simulated engines only): the TCP KV
+  // handoffs this worker sends carry no bytes (simulated layer frames) and
+  // end no earlier than this profile's transfer time; the ones it receives
+  // may be such handoffs too (worker/engine/simulated_runner.h).
+  std::optional<WorkerProfile> simulated_kv_transfers;
   // Where the worker's metrics are registered (labelled with the role);
   // null: the process-wide metrics::Registry(). Must outlive the service.
   prometheus::Registry* metrics_registry = nullptr;
@@ -221,6 +227,13 @@ class WorkerService final : public v1::Worker::CallbackService {
   // The engine's import callbacks, also measuring each transfer
   // (worker_service_metrics.cc).
   KvReceiverCallbacks MeteredImportCallbacks();
+  // The TCP KV receiver's options (worker_service_kv.cc).
+  static TcpKvReceiverOptions KvReceiverOptions(
+      const WorkerServiceOptions& options);
+  // The sink of a split prefill's handoff to a TCP endpoint (simulated
+  // when options_.simulated_kv_transfers is set).
+  KvSinkFactory TcpKvSink(const std::string& address, uint64_t transfer_id,
+                          const std::string& secret) const;
   // Records how a Prefill / Decode stream that never reached the engine
   // (or ended outside it) ended.
   void RecordEnd(absl::string_view phase, const absl::Status& status);

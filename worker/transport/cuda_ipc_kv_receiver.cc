@@ -272,6 +272,7 @@ absl::Status CudaIpcKvReceiver::ServeTransfer(int fd, uint64_t* transfer_id,
       case KvFrameKind::kHello:
       case KvFrameKind::kChallenge:
       case KvFrameKind::kProof:
+      case KvFrameKind::kSimulatedLayer:
         return absl::InvalidArgumentError(absl::StrCat(
             "KV transfer ", t.id, ": frame kind ", static_cast<int>(f.kind),
             " is not part of the CUDA IPC exchange"));

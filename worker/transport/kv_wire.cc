@@ -69,9 +69,9 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
   }
   KvFrame f;
   const uint16_t kind = Get<uint16_t>(b + 6);
-  if (kind < 1 || kind > 7) {
+  if (kind < 1 || kind > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KV frame: kind ", kind, " must be in [1, 7]"));
+        absl::StrCat("KV frame: kind ", kind, " must be in [1, 8]"));
   }
   f.kind = static_cast<KvFrameKind>(kind);
   KvTransferHeader& h = f.header;
@@ -94,7 +94,7 @@ absl::StatusOr<KvFrame> DecodeKvFrame(
                      " / model_id length ", f.model_id_bytes,
                      " must be <= ", kKvMaxIdBytes));
   }
-  if (f.kind == KvFrameKind::kLayer) {
+  if (f.kind == KvFrameKind::kLayer || f.kind == KvFrameKind::kSimulatedLayer) {
     if (absl::Status s = h.layout.Validate(); !s.ok()) return s;
     if (h.num_tokens < 0) {
       return absl::InvalidArgumentError(

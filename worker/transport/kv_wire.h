@@ -10,7 +10,7 @@
 //             the checksum at offset 56 of the header and had no trailer;
 //             version 1 also defined it as XXH3-64 of the whole payload)
 //     6    2 kind: 1 layer, 2 finish, 3 abort, 4 status, 5 hello,
-//             6 challenge, 7 proof
+//             6 challenge, 7 proof, 8 simulated layer
 //     8    8 transfer_id
 //    16    4 layer
 //    20    4 layout.num_layers
@@ -34,7 +34,11 @@
 // the header; the receiver still validates the header before any payload
 // byte lands, and commits nothing before the trailer matched. Abort and
 // status frames carry the status message (<= kKvMaxMessageBytes) as
-// payload; finish frames none.
+// payload; finish frames none. A simulated layer frame (simulated-engine
+// workers, --simulate_kv_transfers) is a layer frame's header and ids with
+// no payload and no trailer: payload_bytes says what the layer would
+// carry, and only a receiver that accepts simulated layers takes it (the
+// layer counts as landed, nothing is written).
 // Every transfer opens with a proof that the sender was invited: the
 // sender's hello (transfer_id, no payload), the receiver's challenge (a
 // fresh random nonce of kKvNonceBytes as payload), and the sender's proof
@@ -75,6 +79,7 @@ enum class KvFrameKind : uint16_t {
   kHello = 5,
   kChallenge = 6,
   kProof = 7,
+  kSimulatedLayer = 8,
 };
 
 // A decoded frame header. For layer frames `header` is complete once the

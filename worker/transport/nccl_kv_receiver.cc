@@ -170,11 +170,12 @@ absl::Status NcclKvReceiver::ServeFrame(Pair* pair, NcclPairComm& comm,
     case KvFrameKind::kHello:
     case KvFrameKind::kChallenge:
     case KvFrameKind::kProof:
+    case KvFrameKind::kSimulatedLayer:
       break;
   }
-  return absl::InternalError(
-      absl::StrCat("NCCL pair '", comm.comm_key(), "': sender sent frame kind ",
-                   static_cast<int>(c.frame.kind), " (status or TCP opening)"));
+  return absl::InternalError(absl::StrCat(
+      "NCCL pair '", comm.comm_key(), "': sender sent frame kind ",
+      static_cast<int>(c.frame.kind), " (status, TCP opening or simulated)"));
 }
 
 NcclKvReceiver::Transfer* NcclKvReceiver::StartOrFind(Pair* pair,

@@ -271,7 +271,8 @@ absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
           absl::StrCat("KV transfer ", *transfer_id, ": frame kind ",
                        static_cast<int>(f.kind), " in the middle of it"));
     }
-    if (f.kind != KvFrameKind::kLayer) {
+    if (f.kind != KvFrameKind::kLayer &&
+        f.kind != KvFrameKind::kSimulatedLayer) {
       std::string msg(f.header.payload_bytes, '\0');
       BATON_RETURN_IF_ERROR(
           RecvExact(stream,
@@ -297,6 +298,18 @@ absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
         io, "reading KV header ids"));
     h.request_id = ids.substr(0, f.request_id_bytes);
     h.model_id = ids.substr(f.request_id_bytes);
+    if (f.kind == KvFrameKind::kSimulatedLayer) {
+      if (!options_.accept_simulated_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KV transfer ", *transfer_id, " layer ", h.layer,
+            ": a simulated layer (no bytes; a worker with "
+            "--simulate_kv_transfers), and this receiver takes real KV only"));
+      }
+      BATON_RETURN_IF_ERROR(progress_of.CheckLayer(h, target));
+      progress_of.Landed(h.layer);
+      if (callbacks_.on_layer) callbacks_.on_layer(*transfer_id, h.layer);
+      continue;
+    }
     BATON_RETURN_IF_ERROR(progress_of.CheckLayer(h, target));
     // Validated: the payload goes straight into the layer's chunks of the
     // reserved blocks; each chunk is hashed as soon as it has landed.

@@ -145,6 +145,7 @@ absl::Status TcpKvSender::SendLayerChunks(
     }
     return Fail(verdict);
   }
+  if (options_.simulated_layers) return SendSimulatedLayer(header);
   // Test-only (--fault=kv_layer_corrupt:error): one bit of this layer's
   // checksum flipped, which the receiver cannot tell from a corrupted
   // payload byte.
@@ -204,6 +205,23 @@ absl::Status TcpKvSender::SendLayerChunks(
   }
   // A revoked gate may leave a frame cut short: Fail closes the connection,
   // so the receiver sees a disconnect, never a misframed stream.
+  if (!s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status TcpKvSender::SendSimulatedLayer(const KvTransferHeader& header) {
+  KvFrame f;
+  f.kind = KvFrameKind::kSimulatedLayer;
+  f.header = header;
+  KvFrameBytes bytes = EncodeKvFrame(f);
+  std::string ids = header.request_id + header.model_id;
+  iovec iov[2] = {{bytes.data(), bytes.size()}, {ids.data(), ids.size()}};
+  SocketIoOptions io;
+  io.stall_timeout = options_.stall_timeout;
+  absl::Status s =
+      SendAllV(conn_.stream(), iov, ids.empty() ? 1 : 2, io,
+               absl::StrCat("sending simulated KV layer ", header.layer,
+                            " of transfer ", transfer_id_));
   if (!s.ok()) return Fail(s);
   return absl::OkStatus();
 }

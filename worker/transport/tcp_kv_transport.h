@@ -62,6 +62,11 @@ struct TcpKvSenderOptions {
   // Set: the connection is TLS (kv_tls.h), the receiver's certificate
   // checked against the endpoint's host. Must match the receiver's setting.
   std::shared_ptr<KvTls> tls = nullptr;
+  // Simulated-engine workers (--simulate_kv_transfers): each layer goes as a
+  // simulated layer frame (kv_wire.h), its header and ids without the
+  // payload, which is never read. The receiver must accept them
+  // (TcpKvReceiverOptions::accept_simulated_layers).
+  bool simulated_layers = false;
 };
 
 class TcpKvSender : public KvSender {
@@ -102,6 +107,8 @@ class TcpKvSender : public KvSender {
   absl::Status ReadVerdict(const SocketIoOptions& io);
   // Hello, the receiver's challenge, the proof of the transfer's secret.
   absl::Status ProveInvited();
+  // A simulated layer frame for `header` (options_.simulated_layers).
+  absl::Status SendSimulatedLayer(const KvTransferHeader& header);
   // Remembers the first error and closes the socket.
   absl::Status Fail(absl::Status status);
 
@@ -132,6 +139,10 @@ struct TcpKvReceiverOptions {
   // certificate from its CA; a sender in the clear is refused at the
   // handshake.
   std::shared_ptr<KvTls> tls = nullptr;
+  // Simulated-engine workers only (--simulate_kv_transfers): a simulated
+  // layer frame (kv_wire.h) counts as that layer landed, with nothing
+  // written. Unset, such a frame fails its transfer with InvalidArgument.
+  bool accept_simulated_layers = false;
 
   // Performance.
   // SO_SNDBUF / SO_RCVBUF of accepted connections; 0 = the kernel's
