@@ -4,6 +4,7 @@
     scripts/scale_bench.py [--workers=8,32,64] [--streams=1000,5000,10000]
                            [--rate=250] [--warmup=200] [--idle_s=10]
                            [--input_len=4] [--simulate_kv_transfers]
+                           [--coordinator_flag=FLAG ...]
                            [--coordinator_cpus=0]
                            [--worker_cpus=1] [--client_cpus=1]
                            [--out=DIR] [--bin=build/bin]
@@ -84,6 +85,9 @@ def parse_args(argv):
                    help="prompt tokens of each measured request")
     p.add_argument("--simulate_kv_transfers", action="store_true",
                    help="KV handoffs without bytes (baton-worker's flag)")
+    p.add_argument("--coordinator_flag", action="append", default=[],
+                   help="an extra baton-coordinator flag (repeatable), "
+                        "e.g. --heartbeat_ms=2000")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
@@ -305,7 +309,9 @@ def main(argv):
                "--worker_flag=--max_queued_reservations=100000",
                f"--worker_flag=--profile={profile}",
                "--coordinator_flag=--max_waiting_requests=100000",
-               "--coordinator_flag=--max_running_requests=100000", "--"] + inner
+               "--coordinator_flag=--max_running_requests=100000",
+               *[f"--coordinator_flag={f}" for f in a.coordinator_flag],
+               "--"] + inner
         print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True)
     report(a)
