@@ -16,7 +16,7 @@ nothing), pinned with the coordinator and the client to the stated CPUs.
 After --warmup short requests that are not measured (so every channel
 from the coordinator to a worker is connected and the processes settled),
 for every stream count N, baton-bench sends N requests at --rate per
-second, each a 4-token prompt (--input_len) and 8 tokens of answer (one KV block) whose decode steps
+second, each a 4-token prompt (--input_len) and 8 tokens of answer whose decode steps
 take 6 s (so every stream stays open for 48 s: at the default 250 requests
 per second all N are in flight at once up to N = 12,000), and this
 reports from the per-request records and /proc:

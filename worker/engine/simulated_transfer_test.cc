@@ -19,18 +19,14 @@ std::unique_ptr<TcpKvReceiver> StartSimulatedReceiver(DecodeSide& decode,
                                                       bool accept) {
   TcpKvReceiverOptions o;
   o.accept_simulated_layers = accept;
-  auto r = TcpKvReceiver::Start(o, decode.Callbacks());
-  EXPECT_TRUE(r.ok()) << r.status();
-  return std::move(r).value();
+  return StartReceiver(decode, o);
 }
 
 std::unique_ptr<TcpKvSender> ConnectSimulated(const KvReceiver& r,
                                               uint64_t id) {
   TcpKvSenderOptions o;
   o.simulated_layers = true;
-  auto s = TcpKvSender::Connect(r.endpoint(), id, o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return std::move(s).value();
+  return Connect(r, id, o);
 }
 
 TEST(SimulatedKvTransferTest, LayersLandWithoutABytePerLayer) {

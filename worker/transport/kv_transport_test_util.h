@@ -247,13 +247,25 @@ class DecodeSide {
 };
 
 inline std::unique_ptr<TcpKvReceiver> StartReceiver(
-    DecodeSide& decode, absl::Duration stall = absl::Seconds(10)) {
-  TcpKvReceiverOptions o;
-  o.stall_timeout = stall;
+    DecodeSide& decode, const TcpKvReceiverOptions& o) {
   auto r = TcpKvReceiver::Start(o, decode.Callbacks());
   EXPECT_TRUE(r.ok()) << r.status();
   EXPECT_GT((*r)->port(), 0);
   return std::move(r).value();
+}
+
+inline std::unique_ptr<TcpKvReceiver> StartReceiver(
+    DecodeSide& decode, absl::Duration stall = absl::Seconds(10)) {
+  TcpKvReceiverOptions o;
+  o.stall_timeout = stall;
+  return StartReceiver(decode, o);
+}
+
+inline std::unique_ptr<TcpKvSender> Connect(const KvReceiver& r, uint64_t id,
+                                            const TcpKvSenderOptions& o) {
+  auto s = TcpKvSender::Connect(r.endpoint(), id, o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(s).value();
 }
 
 inline std::unique_ptr<TcpKvSender> Connect(
@@ -264,9 +276,7 @@ inline std::unique_ptr<TcpKvSender> Connect(
   o.stall_timeout = stall;
   o.send_call_bytes = send_call_bytes;
   o.transfer_secret = secret;
-  auto s = TcpKvSender::Connect(r.endpoint(), id, o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return std::move(s).value();
+  return Connect(r, id, o);
 }
 
 // Sends `layer` from a contiguous export with checksum 0: the sender hashes
