@@ -1,11 +1,9 @@
 #include "bench/sim/profiler.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <limits>
 #include <span>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +11,7 @@
 #include "bench/serving/dataset.h"
 #include "bench/serving/runner.h"
 #include "bench/sim/fit.h"
+#include "bench/sim/neighbors.h"
 
 namespace baton::sim {
 namespace {
@@ -92,76 +91,27 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The neighbour run (profiler.h): a decode batch on the decode worker while
-// the prefill worker computes one prompt after another; returns the
-// slowdown (>= 0), or 0 when the two did not overlap.
-absl::StatusOr<double> NeighborSlowdown(std::shared_ptr<grpc::Channel> channel,
-                                        const WorkerProfile& profile,
-                                        const ProfileOptions& options,
-                                        std::ostream& log) {
-  const int batch = options.neighbor_batch;
-  std::atomic<bool> decoded{false};
-  // Each run's records count from its own start: the prefills' are moved
-  // onto the decode run's clock (started with the thread).
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<bench::RequestRecord>> decode =
-      absl::UnknownError("not run");
-  std::thread decoder([&] {
-    decode = Run(channel, batch, options.decode_contexts.front(),
-                 options.decode_tokens, batch, 7000, options);
-    decoded.store(true);
-  });
-  std::vector<bench::RequestRecord> prefills;
-  absl::Status prefill_status;
-  for (uint64_t i = 0; prefill_status.ok() && !decoded.load(); ++i) {
-    const double offset =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    auto r = Run(channel, 1, options.neighbor_prompt, 1, 1, 7100 + i, options);
-    if (r.ok()) {
-      for (bench::RequestRecord& record : *r) {
-        record.send_time_s += offset;
-        prefills.push_back(std::move(record));
-      }
-    } else {
-      prefill_status = r.status();
-    }
-  }
-  decoder.join();
-  if (!decode.ok()) return decode.status();
-  if (!prefill_status.ok()) return prefill_status;
-  // Both measured while the other worker computed: decode stretches of the
-  // whole batch, and prefills within them.
-  std::vector<double> decode_ratio, prefill_ratio;
-  for (const DecodeWindowSample& s :
-       DecodeWindowSamples(*decode, std::max(1, options.decode_chunk_tokens))) {
-    decode_ratio.push_back(s.step_s /
-                           DecodeSeconds(profile, s.sum_context, s.batch));
-  }
-  const DecodeWindow window = WholeBatchWindow(*decode);
-  for (const bench::RequestRecord& r : prefills) {
-    const double end = 1e3 * r.send_time_s + r.ttft_ms;
-    if (end - r.server.prefill_ms < window.start_ms || end > window.end_ms) {
-      continue;
-    }
-    const int64_t l = r.prompt_tokens;
-    prefill_ratio.push_back(r.server.prefill_ms / 1e3 /
-                            PrefillSeconds(profile, std::span(&l, 1)));
-  }
-  if (decode_ratio.empty() || prefill_ratio.empty()) {
-    log << "neighbours: the decode batch and the prefills did not overlap "
-           "(neighbor_slowdown 0)\n";
-    return 0.0;
-  }
-  const double d = Median(decode_ratio), p = Median(prefill_ratio);
-  const double slowdown = std::max(0.0, (d + p) / 2 - 1);
-  log << absl::StrFormat(
-      "neighbours: decode steps %.3fx the fit (%d stretches of batch %d) "
-      "while prefilling, prefills %.3fx (%d prompts of %d tokens) while "
-      "decoding; neighbor_slowdown %.3f\n",
-      d, decode_ratio.size(), batch, p, prefill_ratio.size(),
-      options.neighbor_prompt, slowdown);
-  return slowdown;
+// The neighbour run (profiler.h, neighbors.h): a burst of requests sent at
+// once.
+absl::StatusOr<WorkerProfile::NeighborSlowdown> MeasureNeighbors(
+    std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
+    const ProfileOptions& options, std::ostream& log) {
+  // Every request's KV reservation fits the decode worker's pool at once,
+  // so the prefill worker never waits for room.
+  const int64_t fit =
+      profile.kv_blocks * profile.block_size /
+      (options.neighbor_prompt + options.neighbor_output + profile.block_size);
+  const int requests = static_cast<int>(
+      std::min<int64_t>(options.neighbor_requests, std::max<int64_t>(fit, 1)));
+  auto records = Run(channel, requests, options.neighbor_prompt,
+                     options.neighbor_output, requests, 7000, options);
+  if (!records.ok()) return records.status();
+  auto estimate = EstimateNeighborSlowdown(*records, profile);
+  if (!estimate.ok()) return estimate.status();
+  log << "neighbours (" << requests << " requests of "
+      << options.neighbor_prompt << " + " << options.neighbor_output
+      << " tokens at once): " << estimate->Describe() << "\n";
+  return estimate->slowdown;
 }
 
 void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
@@ -323,7 +273,7 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
                   transfer_fit->model.c1
             : std::numeric_limits<double>::max();
     profile.transfer_s_per_token2 = transfer_fit->model.c2;
-    auto slowdown = NeighborSlowdown(channel, profile, options, log);
+    auto slowdown = MeasureNeighbors(channel, profile, options, log);
     if (!slowdown.ok()) return slowdown.status();
     profile.neighbor_slowdown = *slowdown;
     profile.source = absl::StrFormat(

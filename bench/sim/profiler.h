@@ -14,11 +14,10 @@
 //     prefill worker's transfer time (first byte to the last layer's
 //     acknowledgement, which overlaps the prefill), fitted α + bytes/β;
 //     colocated clusters move no KV, and the profile says so;
-//   - neighbours (split clusters): a decode batch while the prefill worker
-//     prefills one prompt after another; the steps of each, against the
-//     fits, give how much two busy workers slow each other down
-//     (neighbor_slowdown: the mean of the two medians' excess, 0 for
-//     workers that share nothing);
+//   - neighbours (split clusters): a burst of requests sent at once, the
+//     load of a saturated split cluster; the prefill steps and the decode
+//     steps beside them, against the fits, give how much a busy neighbour
+//     slows each down (neighbor_slowdown, neighbors.h);
 //   - the KV pool and layout from GetClusterStatus.
 // Each fit is validated on held-out samples (fit.h); a fit above the limit
 // is an error, not a profile.
@@ -47,10 +46,10 @@ struct ProfileOptions {
   std::vector<int> decode_contexts = {32};
   int decode_tokens = 384;
   int decode_chunk_tokens = 64;
-  // The neighbour run: a decode batch of this many, and the prompts the
-  // prefill worker computes meanwhile.
-  int neighbor_batch = 4;
+  // The neighbour run: this many requests at once, of these lengths.
+  int neighbor_requests = 16;
   int neighbor_prompt = 256;
+  int neighbor_output = 64;
   // The workers' scheduler settings (baton-worker's defaults), which the
   // profile carries for the simulator.
   int64_t max_batch_tokens = 512;

@@ -117,8 +117,9 @@ int Main() {
 
   bench::RunResult run;
   run.wall_s = result->end_s;
+  run.records = std::move(result->records);
   const bench::BenchMetrics metrics =
-      bench::ComputeMetrics(result->records, *slo, *percentiles);
+      bench::ComputeMetrics(run.records, *slo, *percentiles);
   std::printf("%s", bench::FormatSummary(metrics, run, *slo).c_str());
   if (result->cached_tokens > 0) {
     std::printf(

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "bench/sim/prefix_model.h"
+#include "bench/sim/shared_hosts.h"
 #include "common/check.h"
 #include "coordinator/routing_policy.h"
 #include "worker/engine/prefill_rate.h"
@@ -33,7 +34,6 @@ struct Worker {
   int64_t free_blocks = 0;
   int64_t queued_prefill_tokens = 0;
   bool busy = false;
-  int host = 0;  // index into host_busy_
   double step_start = 0;
   PrefillRate rate;
   Candidates* pool = nullptr;  // where its WorkerInfo lives
@@ -61,7 +61,8 @@ struct Event {
   double t;
   int64_t seq;
   EventType type;
-  int index;  // request (arrival, KV landed) or worker (step done)
+  int index;            // request (arrival, KV landed) or worker (step done)
+  int64_t version = 0;  // step done: SharedHosts' version of the step
   bool operator>(const Event& o) const {
     return t != o.t ? t > o.t : seq > o.seq;
   }
@@ -95,6 +96,9 @@ class Simulation {
     all_ = prefill_pool_;
     all_.insert(all_.end(), decode_pool_.begin(), decode_pool_.end());
     all_.insert(all_.end(), both_pool_.begin(), both_pool_.end());
+    hosts_ = std::make_unique<SharedHosts>(p_.neighbor_slowdown,
+                                           static_cast<int>(workers_.size()),
+                                           options.workers_per_host);
   }
 
   SimResult Run() {
@@ -108,7 +112,8 @@ class Simulation {
           Arrive(e.index);
           break;
         case EventType::kStepDone:
-          StepDone(e.index);
+          // A neighbour's step that started or ended since moved this end.
+          if (hosts_->Current(e.index, e.version)) StepDone(e.index);
           break;
         case EventType::kKvLanded:
           KvLanded(e.index);
@@ -143,11 +148,6 @@ class Simulation {
       prefix_->AddWorker(info.ref.id, p_.kv_blocks);
       Worker& w = workers_.emplace_back();
       w.role = role;
-      w.host =
-          static_cast<int>(workers_.size() - 1) / options_.workers_per_host;
-      if (static_cast<size_t>(w.host) >= host_busy_.size()) {
-        host_busy_.resize(static_cast<size_t>(w.host) + 1, 0);
-      }
       w.free_blocks = p_.kv_blocks;
       w.pool = pool;
       w.pool_index = pool->size();
@@ -155,8 +155,15 @@ class Simulation {
     }
   }
 
-  void Push(double t, EventType type, int index) {
-    events_.push(Event{t, next_seq_++, type, index});
+  void Push(double t, EventType type, int index, int64_t version = 0) {
+    events_.push(Event{t, next_seq_++, type, index, version});
+  }
+
+  void PushEnds() {
+    for (const SharedHosts::End& end : ends_) {
+      Push(end.t, EventType::kStepDone, end.worker, end.version);
+    }
+    ends_.clear();
   }
 
   // The coordinator's view of worker `w` after a change.
@@ -373,32 +380,31 @@ class Simulation {
       worker.running.push_back(worker.joining.front());
       worker.joining.pop_front();
     }
-    double seconds = 0;
-    if (!pieces.empty()) seconds += PrefillSeconds(p_, pieces);
+    double prefill_s = 0, decode_s = 0;
+    if (!pieces.empty()) prefill_s = PrefillSeconds(p_, pieces);
     if (!worker.running.empty()) {
       int64_t context = 0;
       for (int r : worker.running) {
         const Request& req = requests_[static_cast<size_t>(r)];
         context += req.in.input_len + req.generated;
       }
-      seconds += DecodeSeconds(p_, context,
+      decode_s = DecodeSeconds(p_, context,
                                static_cast<int64_t>(worker.running.size()));
     }
     if (pieces.empty() && worker.running.empty()) return;
-    // The others of its host computing now slow this step down.
-    int& host_busy = host_busy_[static_cast<size_t>(worker.host)];
-    seconds *= 1 + p_.neighbor_slowdown * host_busy;
-    ++host_busy;
     worker.busy = true;
     worker.step_start = now_;
-    Push(now_ + seconds, EventType::kStepDone, w);
+    // Its end, and those of its host's other steps, which it slows down.
+    hosts_->Start(w, now_, prefill_s, decode_s, &ends_);
+    PushEnds();
     Sync(w);
   }
 
   void StepDone(int w) {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.busy = false;
-    --host_busy_[static_cast<size_t>(worker.host)];
+    hosts_->Finish(w, now_, &ends_);
+    PushEnds();
     // Decode first: the running batch's tokens.
     std::vector<int> still;
     for (int r : worker.running) {
@@ -448,7 +454,8 @@ class Simulation {
   const WorkerProfile& p_;
   std::unique_ptr<coordinator::RoutingPolicy> policy_;
   std::unique_ptr<PrefixModel> prefix_;
-  std::vector<int> host_busy_;  // workers computing, per host
+  std::unique_ptr<SharedHosts> hosts_;
+  std::vector<SharedHosts::End> ends_;  // scratch
   std::vector<Request> requests_;
   std::deque<Worker> workers_;  // PrefillRate does not move
   absl::flat_hash_map<std::string, int> by_id_;

@@ -23,7 +23,8 @@
 //   when its prompt + output blocks fit; each step prefills the prompts it
 //   takes and decodes the running batch, and lasts the sum of both times.
 // Workers that share a host (workers_per_host) slow each other's steps by
-// the profile's neighbor_slowdown, as the steps start.
+// the profile's neighbor_slowdown (its prefill and its decode part each by
+// its own fraction), as the steps start.
 // The coordinator's view is exact (no heartbeat lag); prefill rates for
 // admission are each worker's measured rate, as the real engine reports
 // it (worker/engine/prefill_rate.h). Ties break by order of events, so a
@@ -70,8 +71,9 @@ struct SimOptions {
   bool prefix_cache = true;
   int64_t piece_tokens = 512;
   // Workers that share one host, in the order prefill, decode, colocated:
-  // a step that starts while k others of its host compute lasts
-  // 1 + k · profile.neighbor_slowdown times longer. 1: every worker alone.
+  // a step that starts while k others of its host compute takes
+  // 1 + k · profile.neighbor_slowdown.prefill times longer to prefill and
+  // 1 + k · .decode times longer to decode. 1: every worker alone.
   int workers_per_host = 1;
 };
 

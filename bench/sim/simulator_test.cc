@@ -87,13 +87,14 @@ TEST(SimulatorTest, SaturatedThroughputIsTheSlowerPoolsRate) {
 
 TEST(SimulatorTest, WorkersOfOneHostSlowEachOtherDown) {
   // Two colocated workers, saturated: every step starts while the other
-  // computes (but the very first), so with a 10% neighbour slowdown the
-  // run takes 10% longer when they share a host, and as long as without
-  // it when they do not.
+  // computes (but the very first), so with a 10% neighbour slowdown of
+  // prefills the run of one-token answers (prefills only: the decode
+  // fraction has nothing to slow) takes 10% longer when they share a host,
+  // and as long as without it when they do not.
   SimOptions options;
   ASSERT_TRUE(ParseShape("2C", &options).ok());
   options.profile = FixedProfile(0.1, 0.05, 64);
-  options.profile.neighbor_slowdown = 0.1;
+  options.profile.neighbor_slowdown = {.prefill = 0.1, .decode = 0.5};
   std::vector<SimRequest> requests(400, SimRequest{0, 64, 1});
   auto apart = Simulate(options, requests);
   options.workers_per_host = 2;
@@ -234,16 +235,26 @@ TEST(ProfileTest, ParsesAndNamesTheBadField) {
   EXPECT_DOUBLE_EQ(TransferSeconds(*q, 1000),
                    0.0001 + 23040e3 / 2e9 + 1e-9 * 1e6);
   EXPECT_EQ(ProfileJson(*q)["transfer"]["s_per_token2"], 1e-9);
-  // So is the neighbour slowdown (0: workers that share nothing).
-  EXPECT_EQ(p->neighbor_slowdown, 0);
+  // So is the neighbour slowdown (0: workers that share nothing), one
+  // number for both phases or one for each.
+  EXPECT_EQ(p->neighbor_slowdown.prefill, 0);
+  EXPECT_EQ(p->neighbor_slowdown.decode, 0);
   paced["neighbor_slowdown"] = 0.06;
   q = ParseProfile(paced);
   ASSERT_TRUE(q.ok()) << q.status();
-  EXPECT_EQ(ProfileJson(*q)["neighbor_slowdown"], 0.06);
+  EXPECT_EQ(q->neighbor_slowdown.prefill, 0.06);
+  EXPECT_EQ(q->neighbor_slowdown.decode, 0.06);
+  paced["neighbor_slowdown"] = {{"prefill", 0.03}, {"decode", 0.2}};
+  q = ParseProfile(paced);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(ProfileJson(*q)["neighbor_slowdown"], paced["neighbor_slowdown"]);
   nlohmann::json bad = good;
   bad["neighbor_slowdown"] = -0.1;
   EXPECT_THAT(ParseProfile(bad).status().message(),
               HasSubstr("'neighbor_slowdown' must be >= 0"));
+  bad["neighbor_slowdown"] = {{"prefill", 0.03}};
+  EXPECT_THAT(ParseProfile(bad).status().message(),
+              HasSubstr("'neighbor_slowdown.decode' is missing"));
   bad = good;
   bad["transfer"]["s_per_token2"] = -1e-9;
   EXPECT_THAT(ParseProfile(bad).status().message(),

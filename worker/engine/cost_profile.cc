@@ -94,10 +94,21 @@ absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
     }
   }
   if (json.contains("neighbor_slowdown")) {
-    if (absl::Status s =
-            Number(json, "neighbor_slowdown", 0, false, &p.neighbor_slowdown);
-        !s.ok()) {
+    WorkerProfile::NeighborSlowdown& n = p.neighbor_slowdown;
+    if (json["neighbor_slowdown"].is_object()) {
+      for (auto [path, field] :
+           {std::pair{"neighbor_slowdown.prefill", &n.prefill},
+            std::pair{"neighbor_slowdown.decode", &n.decode}}) {
+        if (absl::Status s = Number(json, path, 0, false, field); !s.ok()) {
+          return s;
+        }
+      }
+    } else if (absl::Status s =
+                   Number(json, "neighbor_slowdown", 0, false, &n.prefill);
+               !s.ok()) {
       return s;
+    } else {
+      n.decode = n.prefill;
     }
   }
   for (auto [key, field] :
@@ -143,7 +154,9 @@ Json ProfileJson(const WorkerProfile& p) {
           {"block_size", p.block_size},
           {"max_batch_tokens", p.max_batch_tokens},
           {"max_num_seqs", p.max_num_seqs},
-          {"neighbor_slowdown", p.neighbor_slowdown}};
+          {"neighbor_slowdown",
+           {{"prefill", p.neighbor_slowdown.prefill},
+            {"decode", p.neighbor_slowdown.decode}}}};
 }
 
 double PrefillSeconds(const WorkerProfile& p,

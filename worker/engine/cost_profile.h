@@ -11,7 +11,7 @@
 //     "kv_bytes_per_token": 23040,
 //     "kv_blocks": 4096, "block_size": 16,
 //     "max_batch_tokens": 512, "max_num_seqs": 64,
-//     "neighbor_slowdown": 0.05
+//     "neighbor_slowdown": {"prefill": 0.05, "decode": 0.2}
 //   }
 //
 // Prefill of a batch of prompts with lengths l_i takes
@@ -60,12 +60,19 @@ struct WorkerProfile {
   int64_t max_batch_tokens = 512;
   // Sequences in one decode batch.
   int64_t max_num_seqs = 64;
-  // How much slower a step runs while another worker of the same host
-  // computes (shared cores, caches and memory bandwidth), as a fraction:
-  // 0.05 is 5% slower per busy neighbour. Optional, 0 by default (one
-  // worker per host, or devices that share nothing); baton-sim applies it
-  // with --workers_per_host, the simulated engine does not.
-  double neighbor_slowdown = 0;
+  // How much slower a step's prefill and its decode run while another
+  // worker of the same host computes (shared cores, caches and memory
+  // bandwidth), as fractions: 0.05 is 5% slower per busy neighbour. The
+  // two differ (a memory-bound decode step suffers more beside a prefill
+  // than the other way round). In JSON one number for both or
+  // {"prefill": P, "decode": D}. Optional, 0 by default (one worker per
+  // host, or devices that share nothing); baton-sim applies it with
+  // --workers_per_host, the simulated engine does not.
+  struct NeighborSlowdown {
+    double prefill = 0;
+    double decode = 0;
+  };
+  NeighborSlowdown neighbor_slowdown;
 };
 
 // INVALID_ARGUMENT naming the field for a missing or out-of-range value

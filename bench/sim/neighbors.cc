@@ -1,0 +1,131 @@
+#include "bench/sim/neighbors.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace baton::sim {
+namespace {
+
+// One request's token times (s since the run's start): the first token,
+// then each later one.
+std::vector<double> TokenTimes(const bench::RequestRecord& r) {
+  std::vector<double> t{r.send_time_s + r.ttft_ms / 1e3};
+  for (double gap : r.itl_ms) t.push_back(t.back() + gap / 1e3);
+  return t;
+}
+
+// Total length of the union of `spans`.
+double Covered(std::vector<std::pair<double, double>> spans) {
+  std::sort(spans.begin(), spans.end());
+  double covered = 0, start = 0, end = -1;
+  for (const auto& [s, e] : spans) {
+    if (s > end) {
+      if (end > start) covered += end - start;
+      start = s;
+      end = e;
+    } else {
+      end = std::max(end, e);
+    }
+  }
+  if (end > start) covered += end - start;
+  return covered;
+}
+
+}  // namespace
+
+std::string NeighborEstimate::Describe() const {
+  return absl::StrFormat(
+      "prefill steps %.3fx the fit (%d steps, the decode worker busy %.0f%% "
+      "of them), decode steps %.3fx (%d steps) beside them; "
+      "neighbor_slowdown prefill %.3f, decode %.3f",
+      prefill_ratio, prefill_steps, 100 * decode_busy, decode_ratio,
+      decode_steps, slowdown.prefill, slowdown.decode);
+}
+
+absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
+    const std::vector<bench::RequestRecord>& records,
+    const WorkerProfile& profile) {
+  struct Timeline {
+    int64_t prompt = 0;
+    std::vector<double> t;
+  };
+  std::vector<Timeline> all;
+  for (const bench::RequestRecord& r : records) {
+    if (r.success) all.push_back({r.prompt_tokens, TokenTimes(r)});
+  }
+  std::sort(all.begin(), all.end(), [](const Timeline& a, const Timeline& b) {
+    return a.t.front() < b.t.front();
+  });
+  if (all.size() < 2) {
+    return absl::FailedPreconditionError("neighbours: fewer than 2 requests");
+  }
+  // Prefill steps, told apart by their first tokens: those within a
+  // quarter of a step of the first of a group came from one step.
+  std::vector<std::vector<int64_t>> steps;
+  double group_start = -1;
+  for (const Timeline& tl : all) {
+    const int64_t l = tl.prompt;
+    const double quarter = PrefillSeconds(profile, std::span(&l, 1)) / 4;
+    if (steps.empty() || tl.t.front() > group_start + quarter) {
+      steps.emplace_back();
+      group_start = tl.t.front();
+    }
+    steps.back().push_back(l);
+  }
+  const double a = all.front().t.front(), b = all.back().t.front();
+  NeighborEstimate e;
+  double predicted = 0;
+  for (size_t s = 1; s < steps.size(); ++s) {
+    predicted += PrefillSeconds(profile, steps[s]);
+  }
+  e.prefill_steps = static_cast<int>(steps.size()) - 1;
+  if (e.prefill_steps < 2 || predicted <= 0) {
+    return absl::FailedPreconditionError(
+        "neighbours: the burst's prompts came out of fewer than 3 prefill "
+        "steps (send more requests)");
+  }
+  e.prefill_ratio = (b - a) / predicted;
+  // Decode steps inside [a, b]: each gap against the fit for the batch
+  // decoding at its middle.
+  double measured = 0;
+  predicted = 0;
+  std::vector<std::pair<double, double>> decoding;
+  for (const Timeline& tl : all) {
+    for (size_t i = 1; i + 1 < tl.t.size(); ++i) {
+      const double s = tl.t[i], end = tl.t[i + 1], mid = (s + end) / 2;
+      if (s < a || end > b) continue;
+      int64_t batch = 0, context = 0;
+      for (const Timeline& other : all) {
+        if (other.t.size() < 2 || mid < other.t.front() ||
+            mid >= other.t.back()) {
+          continue;
+        }
+        const auto done =
+            std::upper_bound(other.t.begin(), other.t.end(), mid) -
+            other.t.begin();
+        ++batch;
+        context += other.prompt + done;
+      }
+      measured += end - s;
+      predicted += DecodeSeconds(profile, context, batch);
+      decoding.emplace_back(s, end);
+      ++e.decode_steps;
+    }
+  }
+  if (e.decode_steps == 0 || predicted <= 0) {
+    return absl::FailedPreconditionError(
+        "neighbours: no decode step between the first and the last first "
+        "token (send more requests, or longer answers)");
+  }
+  e.decode_ratio = measured / predicted;
+  e.decode_busy = b > a ? Covered(std::move(decoding)) / (b - a) : 0;
+  e.slowdown.decode = std::max(0.0, e.decode_ratio - 1);
+  e.slowdown.prefill =
+      e.decode_busy > 0 ? std::max(0.0, (e.prefill_ratio - 1) / e.decode_busy)
+                        : 0;
+  return e;
+}
+
+}  // namespace baton::sim

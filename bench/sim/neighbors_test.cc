@@ -1,0 +1,72 @@
+#include "bench/sim/neighbors.h"
+
+#include "bench/sim/simulator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A profile shaped like a one-thread CPU worker's (bench/sim/profiles).
+WorkerProfile CpuLikeProfile() {
+  WorkerProfile p;
+  p.prefill = {0.025, 0.0025, 8e-7};
+  p.decode = {0.0037, 4.3e-6, 0.0029};
+  p.transfer_alpha_s = 0.001;
+  p.transfer_bytes_per_s = 1e10;
+  p.kv_bytes_per_token = 23040;
+  p.kv_blocks = 728;
+  p.block_size = 16;
+  p.max_batch_tokens = 512;
+  p.max_num_seqs = 64;
+  return p;
+}
+
+TEST(NeighborsTest, RecoversTheSimulatorsSlowdownsFromABurst) {
+  // The profiler's burst, run by baton-sim on a 1P1D cluster whose two
+  // workers share a host and slow each other down by known fractions:
+  // the estimate, against the same fits, finds those fractions again.
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+  options.profile = CpuLikeProfile();
+  options.profile.neighbor_slowdown = {.prefill = 0.05, .decode = 0.25};
+  options.workers_per_host = 2;
+  auto run = Simulate(options, std::vector<SimRequest>(16, {0, 256, 64}));
+  ASSERT_TRUE(run.ok()) << run.status();
+  auto e = EstimateNeighborSlowdown(run->records, CpuLikeProfile());
+  ASSERT_TRUE(e.ok()) << e.status();
+  // The first step takes the first prompt to arrive, the next ones two
+  // each (512 tokens), the last one the 16th: 8 after the first.
+  EXPECT_EQ(e->prefill_steps, 8);
+  EXPECT_GT(e->decode_busy, 0.3);
+  EXPECT_LT(e->decode_busy, 1.0);
+  EXPECT_NEAR(e->slowdown.prefill, 0.05, 0.005) << e->Describe();
+  EXPECT_NEAR(e->slowdown.decode, 0.25, 0.01) << e->Describe();
+
+  // Workers that share nothing: no slowdown.
+  options.workers_per_host = 1;
+  run = Simulate(options, std::vector<SimRequest>(16, {0, 256, 64}));
+  ASSERT_TRUE(run.ok()) << run.status();
+  e = EstimateNeighborSlowdown(run->records, CpuLikeProfile());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_NEAR(e->slowdown.prefill, 0, 0.005) << e->Describe();
+  EXPECT_NEAR(e->slowdown.decode, 0, 0.01) << e->Describe();
+}
+
+TEST(NeighborsTest, TooSmallABurstIsAnError) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+  options.profile = CpuLikeProfile();
+  // Two steps: the first prompt, then the other two.
+  auto run = Simulate(options, std::vector<SimRequest>(3, {0, 256, 64}));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(EstimateNeighborSlowdown(run->records, CpuLikeProfile())
+                  .status()
+                  .message(),
+              HasSubstr("fewer than 3 prefill steps"));
+}
+
+}  // namespace
+}  // namespace baton::sim
