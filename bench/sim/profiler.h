@@ -47,7 +47,7 @@ struct ProfileOptions {
   int decode_tokens = 384;
   int decode_chunk_tokens = 64;
   // The neighbour run: this many requests at once, of these lengths.
-  int neighbor_requests = 16;
+  int neighbor_requests = 32;
   int neighbor_prompt = 256;
   int neighbor_output = 64;
   // The workers' scheduler settings (baton-worker's defaults), which the
