@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
