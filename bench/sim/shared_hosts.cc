@@ -20,34 +20,34 @@ double SharedHosts::Duration(int host, const Step& s) const {
   // A step that prefills is compute-bound throughout (its decode tokens
   // ride in the prompt's matrix products) and slows beside any busy
   // neighbour; a decode-only step slows beside the ones that prefill.
-  const double slowdown =
-      s.prefill_s > 0
-          ? slowdown_.prefill * (load.busy - 1)
-          : slowdown_.decode * (load.prefilling - (s.prefill_s > 0 ? 1 : 0));
+  const double slowdown = s.prefill_s > 0 ? slowdown_.prefill * (load.busy - 1)
+                                          : slowdown_.decode * load.prefilling;
   return (s.prefill_s + s.decode_s) * (1 + slowdown);
 }
 
-void SharedHosts::Advance(int host, double now) {
-  for (int w = host * per_host_;
-       w < std::min((host + 1) * per_host_, static_cast<int>(steps_.size()));
-       ++w) {
+template <typename F>
+void SharedHosts::ForEachBusy(int host, F f) {
+  const int end =
+      std::min((host + 1) * per_host_, static_cast<int>(steps_.size()));
+  for (int w = host * per_host_; w < end; ++w) {
     Step& s = steps_[static_cast<size_t>(w)];
-    if (!s.busy) continue;
-    const double d = Duration(host, s);
-    if (d > 0) s.left = std::max(0.0, s.left - (now - s.since) / d);
-    s.since = now;
+    if (s.busy) f(w, s);
   }
 }
 
+void SharedHosts::Advance(int host, double now) {
+  ForEachBusy(host, [&](int, Step& s) {
+    const double d = Duration(host, s);
+    if (d > 0) s.left = std::max(0.0, s.left - (now - s.since) / d);
+    s.since = now;
+  });
+}
+
 void SharedHosts::Schedule(int host, double now, std::vector<End>* ends) {
-  for (int w = host * per_host_;
-       w < std::min((host + 1) * per_host_, static_cast<int>(steps_.size()));
-       ++w) {
-    Step& s = steps_[static_cast<size_t>(w)];
-    if (!s.busy) continue;
+  ForEachBusy(host, [&](int w, Step& s) {
     ++s.version;
     ends->push_back({w, s.version, now + s.left * Duration(host, s)});
-  }
+  });
 }
 
 void SharedHosts::Start(int w, double now, double prefill_s, double decode_s,

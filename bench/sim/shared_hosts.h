@@ -53,6 +53,9 @@ class SharedHosts {
     int busy = 0;        // steps computing
     int prefilling = 0;  // those that prefill
   };
+  // Calls f(worker, step) for each busy step of `host`.
+  template <typename F>
+  void ForEachBusy(int host, F f);
   // The whole of step `s` at its host's current load.
   double Duration(int host, const Step& s) const;
   // Brings the host's steps up to `now` at its current load.
