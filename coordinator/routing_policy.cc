@@ -80,12 +80,17 @@ class LeastLoadedPolicy final : public RoutingPolicy {
                                  request.prompt_tokens) -
              prefix_weight_ * static_cast<double>(cached);
     };
-    // Eligible is in id order, so the first minimum wins ties.
-    const WorkerInfo* best =
-        *std::min_element(eligible->begin(), eligible->end(),
-                          [&](const WorkerInfo* a, const WorkerInfo* b) {
-                            return cost(a) < cost(b);
-                          });
+    // Equal costs (most often: no prompt queued anywhere) go to the worker
+    // running the fewest sequences: on colocated workers a prompt's prefill
+    // holds up every sequence decoding beside it. Eligible is in id order,
+    // so the first minimum wins the remaining ties.
+    const WorkerInfo* best = *std::min_element(
+        eligible->begin(), eligible->end(),
+        [&](const WorkerInfo* a, const WorkerInfo* b) {
+          const double ca = cost(a), cb = cost(b);
+          if (ca != cb) return ca < cb;
+          return a->load.running_sequences < b->load.running_sequences;
+        });
     return best->ref;
   }
 

@@ -67,7 +67,9 @@ class RoutingPolicy {
 // room, the most kv_blocks_free + prefix_weight * the blocks of the prompt
 // the worker holds (those it need not receive), so a conversation's next
 // turn returns to the decode worker that holds it unless another has that
-// much more room. Ties go to the smallest worker id (string order).
+// much more room. Prefill ties go to the worker running the fewest
+// sequences (on a colocated worker a prefill stalls every decode beside
+// it); remaining ties to the smallest worker id (string order).
 std::unique_ptr<RoutingPolicy> NewLeastLoadedPolicy(double prefix_weight = 1.0);
 
 // Cycles through the eligible workers in id order, one counter per phase;

@@ -78,6 +78,20 @@ TEST(LeastLoadedPolicyTest, TiesGoToSmallestIdWhateverTheInputOrder) {
   }
 }
 
+TEST(LeastLoadedPolicyTest, PrefillTiesGoToTheFewestRunningSequences) {
+  auto policy = NewLeastLoadedPolicy();
+  // No prompt queued on either colocated worker: the idle one takes the
+  // prompt instead of stalling w1's twelve decodes behind its prefill.
+  Candidates c = {Worker("w1", WorkerRole::kBoth, 0, 40),
+                  Worker("w2", WorkerRole::kBoth, 0, 40)};
+  c[0].load.running_sequences = 12;
+  c[1].load.running_sequences = 3;
+  EXPECT_EQ(policy->PickPrefill(c, Request(10, 10))->id, "w2");
+  // Queued prompt tokens still come first.
+  c[1].load.queued_prefill_tokens = 1;
+  EXPECT_EQ(policy->PickPrefill(c, Request(10, 10))->id, "w1");
+}
+
 TEST(LeastLoadedPolicyTest, BothRoleIsEligibleForEitherPhase) {
   auto policy = NewLeastLoadedPolicy();
   Candidates c = {Worker("p", WorkerRole::kPrefill, 100, 0),
