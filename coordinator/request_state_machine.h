@@ -299,6 +299,8 @@ class RequestStateMachine {
   // no copy. `visit` must not call back into the state machine.
   void VisitLoads(
       absl::FunctionRef<void(const WorkerId&, const RequestLoad&)> visit) const;
+  // The load on one worker (zero when it has none).
+  RequestLoad LoadOn(const WorkerId& worker) const;
   // Leases name attempt ids.
   std::vector<Lease> LiveLeases() const;
   std::vector<Lease> LiveLeasesOn(absl::string_view worker_id) const;

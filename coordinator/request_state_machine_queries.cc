@@ -67,6 +67,12 @@ void RequestStateMachine::VisitLoads(
   for (const auto& [worker, load] : loads_) visit(worker, load);
 }
 
+RequestLoad RequestStateMachine::LoadOn(const WorkerId& worker) const {
+  absl::MutexLock lock(&mu_);
+  auto it = loads_.find(worker);
+  return it == loads_.end() ? RequestLoad{} : it->second;
+}
+
 std::vector<Lease> RequestStateMachine::LiveLeases() const {
   absl::MutexLock lock(&mu_);
   return ledger_.Live();

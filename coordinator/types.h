@@ -48,6 +48,11 @@ struct WorkerLoad {
   // Prompt tokens prefilled per second of engine step time, recently; 0:
   // not measured yet.
   double prefill_tokens_per_second = 0;
+  // Of queued_prefill_tokens, those beyond the prompt tokens this
+  // coordinator itself had sent there and not seen prefilled when the
+  // heartbeat arrived: other replicas' prompts (Cluster::Heartbeat sets it;
+  // not on the wire).
+  int64_t unowned_prefill_tokens = 0;
 
   bool operator==(const WorkerLoad&) const = default;
 };

@@ -184,6 +184,17 @@ std::shared_ptr<v1::Worker::Stub> Cluster::WorkerStub(
   return stub;
 }
 
+absl::Status Cluster::Heartbeat(const WorkerRef& worker, WorkerLoad load,
+                                const std::vector<std::string>& leased) {
+  // Under the routing lock: no prompt is sent to the worker between the
+  // count read here and the registry's update.
+  absl::MutexLock claim(&claim_mu_);
+  load.unowned_prefill_tokens =
+      std::max<int64_t>(0, load.queued_prefill_tokens -
+                               requests_.LoadOn(worker.id).prefill_tokens);
+  return registry_->Heartbeat(worker, load, leased);
+}
+
 Candidates Cluster::RoutingCandidates() const {
   // Per request: no worker's leased ids and no copy of the loads' map.
   Candidates candidates = registry_->ListWithoutLeases();
@@ -202,8 +213,11 @@ Candidates Cluster::RoutingCandidates() const {
   for (size_t i = 0; i < candidates.size(); ++i) {
     WorkerInfo& w = candidates[i];
     const RequestLoad& load = loads[i];
+    // Its own prompts as it knows them now, plus what the last heartbeat
+    // counted beyond those (other replicas'): a prompt prefilled since that
+    // heartbeat no longer counts, as it did with the heartbeat's own figure.
     w.load.queued_prefill_tokens =
-        std::max(w.load.queued_prefill_tokens, load.prefill_tokens);
+        load.prefill_tokens + w.load.unowned_prefill_tokens;
     if (CanDecode(w.registration.role)) {
       // The coordinator knows every reservation it made, so its count is
       // current where the heartbeat's lags behind frees and reservations.

@@ -141,11 +141,19 @@ class Cluster {
   // The stub of the Worker service at `address` (one channel per address).
   std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
 
+  // A worker's heartbeat (WorkerRegistry::Heartbeat), with the prompt
+  // tokens it counts beyond this coordinator's own noted
+  // (WorkerLoad::unowned_prefill_tokens).
+  absl::Status Heartbeat(const WorkerRef& worker, WorkerLoad load,
+                         const std::vector<std::string>& leased);
+
   // The registry's workers, with the load the coordinator itself knows of
-  // (RequestStateMachine::Loads) added to the heartbeat's: prompt tokens
-  // sent and not yet prefilled, and the decode blocks of every live
-  // reservation (heartbeats lag by up to an interval, so a burst of requests
-  // would otherwise all pick one worker).
+  // (RequestStateMachine::Loads) in place of the heartbeat's: prompt tokens
+  // sent and not yet prefilled (plus the heartbeat's unowned ones), and the
+  // decode blocks of every live reservation. Heartbeats lag by up to an
+  // interval: a burst of requests would otherwise all pick one worker, and
+  // a worker whose prompts were prefilled since its last heartbeat would
+  // look busy with them.
   Candidates RoutingCandidates() const;
 
   // Picks a prefill worker among those of `role` and starts the prefill of

@@ -182,8 +182,8 @@ grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
   const WorkerRef ref{request->worker_id(), request->epoch()};
   std::vector<std::string> leased(request->leased_request_ids().begin(),
                                   request->leased_request_ids().end());
-  if (absl::Status s = cluster_->registry().Heartbeat(
-          ref, LoadFromProto(request->load()), leased);
+  if (absl::Status s =
+          cluster_->Heartbeat(ref, LoadFromProto(request->load()), leased);
       !s.ok()) {
     return Finish(context, s);
   }

@@ -1,0 +1,104 @@
+// The load routing sees (Cluster::RoutingCandidates): the coordinator's own
+// count of the prompts it sent, current at every pick, and of a heartbeat's
+// queued prompt tokens only those beyond that count (another replica's).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "coordinator/service/cluster.h"
+#include "coordinator/service/served_model.h"
+#include "gtest/gtest.h"
+
+namespace baton::coordinator {
+namespace {
+
+class ClusterLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = ServedModel::Load(testing::DefaultModelPath());
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_id_ = (*model)->id();
+    ClusterOptions options;
+    // No worker process: nothing heartbeats but the test.
+    options.registry.heartbeat_interval = absl::Seconds(30);
+    options.registry.suspect_after = absl::Seconds(60);
+    options.registry.lease_ttl = absl::Seconds(120);
+    auto cluster = Cluster::Create(options, std::move(*model), RealClock());
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    WorkerRegistration reg;
+    reg.role = WorkerRole::kBoth;
+    reg.address = "127.0.0.1:1";  // never called
+    reg.model_id = model_id_;
+    reg.kv_layout.num_layers = 30;
+    reg.kv_layout.num_kv_heads = 3;
+    reg.kv_layout.head_dim = 64;
+    reg.kv_layout.block_size = 16;
+    reg.kv_blocks_total = 100;
+    reg.context_length = 2048;
+    auto worker = cluster_->registry().Register(reg);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = *worker;
+  }
+
+  // Sends request `id` (prompt_tokens) to the worker, as a pick would.
+  void Send(const std::string& id, int64_t prompt_tokens) {
+    ASSERT_TRUE(
+        cluster_->requests().Admit(id, RequestSpec{prompt_tokens, 10}).ok());
+    ASSERT_TRUE(
+        cluster_->requests().StartPrefill(id, worker_, /*split=*/false).ok());
+  }
+
+  absl::Status Heartbeat(int64_t queued_prefill_tokens) {
+    WorkerLoad load;
+    load.queued_prefill_tokens = queued_prefill_tokens;
+    load.kv_blocks_total = 100;
+    load.kv_blocks_free = 100;
+    return cluster_->Heartbeat(worker_, load, {});
+  }
+
+  int64_t RoutedQueue() {
+    const Candidates all = cluster_->RoutingCandidates();
+    EXPECT_EQ(all.size(), 1u);
+    return all.empty() ? -1 : all[0].load.queued_prefill_tokens;
+  }
+
+  std::string model_id_;
+  std::unique_ptr<Cluster> cluster_;
+  WorkerRef worker_;
+};
+
+TEST_F(ClusterLoadTest, OwnPromptsCountUntilPrefilledWhateverTheHeartbeatSays) {
+  Send("a", 100);
+  Send("b", 50);
+  EXPECT_EQ(RoutedQueue(), 150);  // before any heartbeat
+  // The worker reports both prompts queued; then both are prefilled before
+  // its next heartbeat: routing must not see them any longer.
+  ASSERT_TRUE(Heartbeat(150).ok());
+  EXPECT_EQ(RoutedQueue(), 150);
+  ASSERT_TRUE(cluster_->requests().OnFirstToken("a").ok());
+  EXPECT_EQ(RoutedQueue(), 50);
+  ASSERT_TRUE(cluster_->requests().OnFirstToken("b").ok());
+  EXPECT_EQ(RoutedQueue(), 0);
+  // A heartbeat taken before our prompt reached the worker hides nothing.
+  Send("c", 70);
+  ASSERT_TRUE(Heartbeat(0).ok());
+  EXPECT_EQ(RoutedQueue(), 70);
+}
+
+TEST_F(ClusterLoadTest, PromptsOfOtherReplicasCountUntilTheNextHeartbeat) {
+  Send("a", 100);
+  // 400 queued there, 100 of them ours: 300 are another coordinator's.
+  ASSERT_TRUE(Heartbeat(400).ok());
+  EXPECT_EQ(RoutedQueue(), 400);
+  ASSERT_TRUE(cluster_->requests().OnFirstToken("a").ok());
+  EXPECT_EQ(RoutedQueue(), 300);
+  ASSERT_TRUE(Heartbeat(120).ok());
+  EXPECT_EQ(RoutedQueue(), 120);
+  ASSERT_TRUE(Heartbeat(0).ok());
+  EXPECT_EQ(RoutedQueue(), 0);
+}
+
+}  // namespace
+}  // namespace baton::coordinator
