@@ -215,7 +215,7 @@ Candidates Cluster::RoutingCandidates() const {
     const RequestLoad& load = loads[i];
     // Its own prompts as it knows them now, plus what the last heartbeat
     // counted beyond those (other replicas'): a prompt prefilled since that
-    // heartbeat no longer counts, as it did with the heartbeat's own figure.
+    // heartbeat no longer counts, where the heartbeat's figure still did.
     w.load.queued_prefill_tokens =
         load.prefill_tokens + w.load.unowned_prefill_tokens;
     if (CanDecode(w.registration.role)) {
