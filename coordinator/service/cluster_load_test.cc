@@ -5,9 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "common/test_util.h"
 #include "coordinator/service/cluster.h"
-#include "coordinator/service/served_model.h"
+#include "coordinator/service/test_cluster.h"
 #include "gtest/gtest.h"
 
 namespace baton::coordinator {
@@ -16,21 +15,14 @@ namespace {
 class ClusterLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = ServedModel::Load(testing::DefaultModelPath());
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_id_ = (*model)->id();
-    ClusterOptions options;
     // No worker process: nothing heartbeats but the test.
-    options.registry.heartbeat_interval = absl::Seconds(30);
-    options.registry.suspect_after = absl::Seconds(60);
-    options.registry.lease_ttl = absl::Seconds(120);
-    auto cluster = Cluster::Create(options, std::move(*model), RealClock());
+    auto cluster = ClusterWithoutHeartbeats();
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
     WorkerRegistration reg;
     reg.role = WorkerRole::kBoth;
     reg.address = "127.0.0.1:1";  // never called
-    reg.model_id = model_id_;
+    reg.model_id = cluster_->model().id();
     reg.kv_layout.num_layers = 30;
     reg.kv_layout.num_kv_heads = 3;
     reg.kv_layout.head_dim = 64;
@@ -64,7 +56,6 @@ class ClusterLoadTest : public ::testing::Test {
     return all.empty() ? -1 : all[0].load.queued_prefill_tokens;
   }
 
-  std::string model_id_;
   std::unique_ptr<Cluster> cluster_;
   WorkerRef worker_;
 };

@@ -20,6 +20,7 @@
 #include "common/test_util.h"
 #include "coordinator/service/cluster.h"
 #include "coordinator/service/coordinator_services.h"
+#include "coordinator/service/test_cluster.h"
 #include "gtest/gtest.h"
 #include "worker/engine/default_model_test_base.h"
 #include "worker/engine/engine.h"
@@ -98,14 +99,8 @@ double ValueOf(const std::vector<Sample>& samples, const std::string& name,
 class CoordinatorGenerateMetricsTest : public testing::DefaultModelTest {
  protected:
   void StartCoordinator() {
-    auto model = ServedModel::Load(testing::DefaultModelPath());
-    ASSERT_TRUE(model.ok()) << model.status();
-    ClusterOptions options;
     // No heartbeats in this test: workers stay healthy for its length.
-    options.registry.heartbeat_interval = absl::Seconds(30);
-    options.registry.suspect_after = absl::Seconds(60);
-    options.registry.lease_ttl = absl::Seconds(120);
-    auto cluster = Cluster::Create(options, std::move(*model), RealClock());
+    auto cluster = ClusterWithoutHeartbeats();
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     coordinator_.cluster = std::move(*cluster);
     coordinator_.control_plane =
