@@ -26,6 +26,8 @@
 #   --worker_flag=F    pass F to every worker (repeatable), e.g.
 #                      --worker_flag=--prefix_cache=off
 #   --coordinator_flag=F  pass F to the coordinator (repeatable)
+#   --step_traces=DIR  worker i writes its engine steps to DIR/worker<i>.jsonl
+#                      (baton-worker --step_trace; scripts/step_costs.py)
 #   --coordinator_cpus=LIST, --worker_cpus=LIST  pin the coordinator, every
 #                      worker, to these CPUs (taskset -c LIST)
 # With `-- COMMAND ...`, runs COMMAND once the cluster is ready (with
@@ -36,13 +38,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 SHAPE="$1"; shift
 PORT=0 CONTROL_PORT=0 THREADS=1 KV_MIB=256 DEVICE=cpu BUILD=1 LOGS="" BIN="$ROOT/build/bin" HTTP_PORT="" METRICS_PORT=""
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMMAND=() EXTRA_WORKER_FLAGS=() EXTRA_COORDINATOR_FLAGS=()
-COORDINATOR_PIN=() WORKER_PIN=()
+COORDINATOR_PIN=() WORKER_PIN=() STEP_TRACES=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --port=*) PORT="${1#*=}" ;;
@@ -58,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --metrics_port=*) METRICS_PORT="${1#*=}" ;;
     --worker_flag=*) EXTRA_WORKER_FLAGS+=("${1#*=}") ;;
     --coordinator_flag=*) EXTRA_COORDINATOR_FLAGS+=("${1#*=}") ;;
+    --step_traces=*) STEP_TRACES="${1#*=}" ;;
     --coordinator_cpus=*) COORDINATOR_PIN=(taskset -c "${1#*=}") ;;
     --worker_cpus=*) WORKER_PIN=(taskset -c "${1#*=}") ;;
     --) shift; COMMAND=("$@"); break ;;
@@ -149,11 +152,14 @@ if [[ "$DEVICE" =~ ^cuda:([0-9]+(,[0-9]+)+)$ ]]; then
   DEVICES=()
   for n in "${ordinals[@]}"; do DEVICES+=("cuda:$n"); done
 fi
+if [[ -n "$STEP_TRACES" ]]; then mkdir -p "$STEP_TRACES"; fi
 for i in "${!ROLES[@]}"; do
+  trace=()
+  [[ -n "$STEP_TRACES" ]] && trace=(--step_trace="$STEP_TRACES/worker$i.jsonl")
   "${WORKER_PIN[@]}" "$BIN/baton-worker" --role="${ROLES[$i]}" --listen=127.0.0.1:0 --kv_listen=127.0.0.1:0 \
     --model="$MODEL" --threads="$THREADS" --kv_cache_mib="$KV_MIB" \
     --device="${DEVICES[$((i % ${#DEVICES[@]}))]}" \
-    --coordinator="$CONTROL" "${EXTRA_WORKER_FLAGS[@]}" \
+    --coordinator="$CONTROL" "${trace[@]}" "${EXTRA_WORKER_FLAGS[@]}" \
     >"$LOGS/worker$i.out" 2>"$LOGS/worker$i.log" &
   PIDS+=($!)
 done

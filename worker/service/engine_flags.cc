@@ -9,6 +9,7 @@
 #include "worker/engine/cost_profile.h"
 #include "worker/engine/fault_injecting_runner.h"
 #include "worker/engine/simulated_runner.h"
+#include "worker/engine/step_trace_runner.h"
 
 ABSL_FLAG(std::string, engine, "cpu",
           "cpu: compute with the model; simulated: compute nothing and take "
@@ -18,6 +19,11 @@ ABSL_FLAG(int64_t, fault_after_steps, 0,
           "fault injection for tests: the engine's runner fails every step "
           "from this one on (the warm-up's steps count), as after a device "
           "fault; 0: off");
+ABSL_FLAG(std::string, step_trace, "",
+          "write one JSON line per engine step to this file (when it began, "
+          "how long it took, each sequence's cached and fed tokens), to check "
+          "a cost profile against a loaded worker's steps "
+          "(scripts/step_costs.py); empty: off");
 ABSL_FLAG(std::string, profile, "",
           "with --engine=simulated: the cost profile (JSON, as baton-sim "
           "reads; e.g. from baton-bench profile)");
@@ -91,6 +97,10 @@ absl::Status ApplyEngineFlags(
     options->make_runner =
         FaultInjectingRunnerFactory(std::move(options->make_runner),
                                     absl::GetFlag(FLAGS_fault_after_steps));
+  }
+  if (!absl::GetFlag(FLAGS_step_trace).empty()) {
+    options->make_runner = StepTraceRunnerFactory(
+        std::move(options->make_runner), absl::GetFlag(FLAGS_step_trace));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Tests of scripts/step_costs.py on traces whose every figure is known."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_costs  # noqa: E402
+
+# Prefill: 1 ms a token; decode: 2 ms a step + 1 ms a sequence.
+PROFILE = {"prefill": {"c0": 0.0, "c1": 0.001, "c2": 0.0},
+           "decode": {"c0": 0.002, "c1": 0.0, "c2": 0.001}}
+
+
+def step(start, seconds, items):
+    return {"start": start, "seconds": seconds, "ok": True, "items": items}
+
+
+class StepCostsTest(unittest.TestCase):
+    def test_charges_pieces_and_decodes_as_the_simulator_does(self):
+        c = PROFILE["prefill"]
+        pre, dec, kind = step_costs.charged(
+            dict(PROFILE, prefill=dict(c, c2=1e-6)),
+            [[16, 100, 0], [300, 1, 1], [0, 50, 1]])
+        # Pieces (16, 100) and (0, 50): 150 tokens, 116² - 16² + 50² squares.
+        self.assertAlmostEqual(pre, 0.150 + 1e-6 * (116 ** 2 - 16 ** 2 + 50 ** 2))
+        self.assertAlmostEqual(dec, 0.003)
+        self.assertEqual(kind, "mixed")
+        self.assertEqual(step_costs.charged(PROFILE, [[5, 1, 0]])[2], "prefill")
+
+    def test_groups_steps_by_kind_and_by_what_the_other_worker_did(self):
+        # Worker 0 prefills 100 tokens (0.1 s charged) in 0.12 s, then
+        # decodes two sequences (4 ms charged) in 5 ms after a 1 ms gap;
+        # worker 1 decodes one sequence (3 ms charged) in 6 ms at t = 0.057,
+        # beside the prefill, and in 3 ms at t = 1, alone.
+        workers = [
+            [step(0.0, 0.12, [[0, 100, 1]]),
+             step(0.121, 0.005, [[100, 1, 1], [200, 1, 1]])],
+            [step(0.057, 0.006, [[10, 1, 1]]), step(1.0, 0.003, [[11, 1, 1]])],
+        ]
+        rows = {(r["kind"], r["neighbour"]): r
+                for r in step_costs.table(PROFILE, workers, busy_gap_s=0.02)}
+        prefill = rows[("prefill", "decoding")]
+        self.assertEqual(prefill["steps"], 1)
+        # Its whole time includes the 1 ms gap before the worker's next step.
+        self.assertAlmostEqual(prefill["whole_s"], 0.121)
+        self.assertAlmostEqual(prefill["ratio"], 1.21)
+        self.assertAlmostEqual(rows[("decode", "idle")]["ratio"],
+                               (0.005 + 0.003) / (0.004 + 0.003), places=3)
+        self.assertAlmostEqual(rows[("decode", "prefilling")]["ratio"], 2.0)
+        self.assertEqual(rows[("all", "any")]["steps"], 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
