@@ -31,16 +31,22 @@ bad "is not a fraction of capacity" --loads=1.5
 bad "'p99' is not one of" --check=p99
 bad "must be positive" --num_prompts=0
 bad "must be a positive fraction" --profile_max_error=0
+bad "must not be negative" --probe_prompts=-1
 echo "fidelity_test: bad options rejected" >&2
 
 "${FIDELITY[@]}" --quick_profile --shapes=1P1D --loads=0.5 --seeds=0 \
   --num_prompts=12 --saturation_prompts=16 --input_len=192 --output_len=48 \
   --goodput="ttft:4000 tpot:60" --profile_max_error=1 --out="$OUT/run" ||
   fail "fidelity.py exited $?"
-for f in profile.json points-1P1D.json fidelity.md fidelity.json; do
+for f in profile.json points-1P1D.json fidelity.md fidelity.json \
+  steps-1P1D.md; do
   [[ -s "$OUT/run/$f" ]] || fail "missing $f"
 done
 grep -q "| 1P1D | 50% |" "$OUT/run/fidelity.md" || fail "no 1P1D row"
+# The host-speed probe ran after the profile and around the burst.
+grep -Eq "^\| 1P1D \|.*\| [0-9.]+ \| [0-9.]+ \([-+][0-9.]+%\) \|$" \
+  "$OUT/run/fidelity.md" || fail "no host speed in the saturation row"
+grep -q "| prefill |" "$OUT/run/steps-1P1D.md" || fail "no prefill steps traced"
 "$PYTHON" - "$OUT/run" <<'EOF' || fail "the replay check above"
 import glob, json, os, sys
 run = sys.argv[1]

@@ -2,7 +2,7 @@
 """Compares the steps real workers took with what a cost profile charges.
 
     step_costs.py PROFILE TRACE.jsonl [TRACE.jsonl ...] [--busy_gap_ms=20]
-                  [--since=SECONDS] [--json]
+                  [--since=SECONDS] [--until=SECONDS] [--json]
 
 Each TRACE is a `baton-worker --step_trace=FILE` of one worker; traces of
 workers that shared a host line up (one monotonic clock). A step is charged
@@ -114,12 +114,14 @@ def main():
                         help="only steps that began at or after this time "
                         "(the monotonic clock's seconds, as Python's "
                         "time.monotonic() reads it)")
+    parser.add_argument("--until", type=float, default=float("inf"),
+                        help="only steps that began before this time")
     parser.add_argument("--json", action="store_true",
                         help="print the table as JSON")
     args = parser.parse_args()
     with open(args.profile) as f:
         profile = json.load(f)
-    workers = [[s for s in load(p) if s["start"] >= args.since]
+    workers = [[s for s in load(p) if args.since <= s["start"] < args.until]
                for p in args.traces]
     rows = table(profile, workers, args.busy_gap_ms / 1e3)
     if args.json:
