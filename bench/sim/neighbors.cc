@@ -33,24 +33,14 @@ double Covered(std::vector<std::pair<double, double>> spans) {
   return covered;
 }
 
-}  // namespace
+struct Timeline {
+  int64_t prompt = 0;
+  std::vector<double> t;
+};
 
-std::string NeighborEstimate::Describe() const {
-  return absl::StrFormat(
-      "prefill steps %.3fx the fit (%d steps, the decode worker busy %.0f%% "
-      "of them), decode steps %.3fx (%d steps) beside them; "
-      "neighbor_slowdown prefill %.3f, decode %.3f",
-      prefill_ratio, prefill_steps, 100 * decode_busy, decode_ratio,
-      decode_steps, slowdown.prefill, slowdown.decode);
-}
-
-absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
-    const std::vector<bench::RequestRecord>& records,
-    const WorkerProfile& profile) {
-  struct Timeline {
-    int64_t prompt = 0;
-    std::vector<double> t;
-  };
+// The successful requests' token times, by first token.
+std::vector<Timeline> Timelines(
+    const std::vector<bench::RequestRecord>& records) {
   std::vector<Timeline> all;
   for (const bench::RequestRecord& r : records) {
     if (r.success) all.push_back({r.prompt_tokens, TokenTimes(r)});
@@ -58,9 +48,25 @@ absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
   std::sort(all.begin(), all.end(), [](const Timeline& a, const Timeline& b) {
     return a.t.front() < b.t.front();
   });
-  if (all.size() < 2) {
-    return absl::FailedPreconditionError("neighbours: fewer than 2 requests");
-  }
+  return all;
+}
+
+}  // namespace
+
+std::string NeighborEstimate::Describe() const {
+  return absl::StrFormat(
+      "prefill steps %.3fx the fit (%d steps, the decode worker busy %.0f%% "
+      "of them; alone %.3fx), decode steps %.3fx (%d steps; alone %.3fx) "
+      "beside them; neighbor_slowdown prefill %.3f, decode %.3f",
+      prefill_ratio, prefill_steps, 100 * decode_busy, baseline.prefill_ratio,
+      decode_ratio, decode_steps, baseline.decode_ratio, slowdown.prefill,
+      slowdown.decode);
+}
+
+absl::StatusOr<double> PrefillBurstRatio(
+    const std::vector<bench::RequestRecord>& records,
+    const WorkerProfile& profile, int* timed) {
+  const std::vector<Timeline> all = Timelines(records);
   // Prefill steps, told apart by their first tokens: those within a
   // quarter of a step of the first of a group came from one step.
   std::vector<std::vector<int64_t>> steps;
@@ -74,23 +80,45 @@ absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
     }
     steps.back().push_back(l);
   }
-  const double a = all.front().t.front(), b = all.back().t.front();
-  NeighborEstimate e;
   double predicted = 0;
   for (size_t s = 1; s < steps.size(); ++s) {
     predicted += PrefillSeconds(profile, steps[s]);
   }
-  e.prefill_steps = static_cast<int>(steps.size()) - 1;
-  if (e.prefill_steps < 2 || predicted <= 0) {
+  *timed = steps.empty() ? 0 : static_cast<int>(steps.size()) - 1;
+  if (*timed < 2 || predicted <= 0) {
     return absl::FailedPreconditionError(
         "neighbours: the burst's prompts came out of fewer than 3 prefill "
         "steps (send more requests)");
   }
-  e.prefill_ratio = (b - a) / predicted;
+  return (all.back().t.front() - all.front().t.front()) / predicted;
+}
+
+double DecodeRatio(const std::vector<DecodeWindowSample>& samples,
+                   const WorkerProfile& profile) {
+  double measured = 0, predicted = 0;
+  for (const DecodeWindowSample& s : samples) {
+    measured += s.step_s;
+    predicted += DecodeSeconds(profile, s.sum_context, s.batch);
+  }
+  return predicted > 0 ? measured / predicted : 1;
+}
+
+absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
+    const std::vector<bench::RequestRecord>& records,
+    const WorkerProfile& profile, const NeighborBaseline& baseline) {
+  const std::vector<Timeline> all = Timelines(records);
+  if (all.size() < 2) {
+    return absl::FailedPreconditionError("neighbours: fewer than 2 requests");
+  }
+  NeighborEstimate e;
+  e.baseline = baseline;
+  auto prefill = PrefillBurstRatio(records, profile, &e.prefill_steps);
+  if (!prefill.ok()) return prefill.status();
+  e.prefill_ratio = *prefill;
+  const double a = all.front().t.front(), b = all.back().t.front();
   // Decode steps inside [a, b]: each gap against the fit for the batch
   // decoding at its middle.
-  double measured = 0;
-  predicted = 0;
+  double measured = 0, predicted = 0;
   std::vector<std::pair<double, double>> decoding;
   for (const Timeline& tl : all) {
     for (size_t i = 1; i + 1 < tl.t.size(); ++i) {
@@ -121,10 +149,12 @@ absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
   }
   e.decode_ratio = measured / predicted;
   e.decode_busy = b > a ? Covered(std::move(decoding)) / (b - a) : 0;
-  e.slowdown.decode = std::max(0.0, e.decode_ratio - 1);
+  e.slowdown.decode = std::max(0.0, e.decode_ratio / baseline.decode_ratio - 1);
   e.slowdown.prefill =
-      e.decode_busy > 0 ? std::max(0.0, (e.prefill_ratio - 1) / e.decode_busy)
-                        : 0;
+      e.decode_busy > 0
+          ? std::max(0.0, (e.prefill_ratio / baseline.prefill_ratio - 1) /
+                              e.decode_busy)
+          : 0;
   return e;
 }
 

@@ -12,9 +12,14 @@
 //     which also holds the KV handoff) take `decode_ratio` times what the
 //     fit predicts for the batch and contexts decoding then; the prefill
 //     worker computed all along, so the excess is the decode slowdown.
+// Both ratios are taken against a baseline: the same kinds of steps timed
+// with an idle neighbour right before the burst (NeighborBaseline), not
+// against the fits alone, which were measured minutes earlier on a host
+// whose speed drifts by more than the effect (docs/planning.md).
 #ifndef BATON_BENCH_SIM_NEIGHBORS_H_
 #define BATON_BENCH_SIM_NEIGHBORS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,7 +29,24 @@
 
 namespace baton::sim {
 
+// One decode sample (profiler.h, DecodeWindowSamples): a stretch of steps
+// in which all `batch` requests decoded, the median step time and the
+// batch's mean total context.
+struct DecodeWindowSample {
+  int64_t batch = 0;
+  int64_t sum_context = 0;
+  double step_s = 0;
+};
+
+// Measured over fitted time of steps whose neighbour idles: the speed of
+// the host at the burst against the profile's (1: the fits).
+struct NeighborBaseline {
+  double prefill_ratio = 1;  // a burst of prompts alone (PrefillBurstRatio)
+  double decode_ratio = 1;   // a batch decoding alone (DecodeRatio)
+};
+
 struct NeighborEstimate {
+  NeighborBaseline baseline;
   double prefill_ratio = 0;
   double decode_ratio = 0;
   double decode_busy = 0;  // fraction of the window the decode worker computed
@@ -34,11 +56,23 @@ struct NeighborEstimate {
   std::string Describe() const;
 };
 
+// A burst's prefill steps, from the second first token to the last,
+// against the prefill fit for the prompts of each (told apart by their
+// first tokens); *steps: how many were timed. FAILED_PRECONDITION with
+// fewer than two.
+absl::StatusOr<double> PrefillBurstRatio(
+    const std::vector<bench::RequestRecord>& records,
+    const WorkerProfile& profile, int* steps);
+
+// Decode steps timed (DecodeWindowSamples) against the decode fit.
+double DecodeRatio(const std::vector<DecodeWindowSample>& samples,
+                   const WorkerProfile& profile);
+
 // FAILED_PRECONDITION when the burst gives too little to time (fewer than
 // two prefill steps, or no decode step inside the window).
 absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
     const std::vector<bench::RequestRecord>& records,
-    const WorkerProfile& profile);
+    const WorkerProfile& profile, const NeighborBaseline& baseline = {});
 
 }  // namespace baton::sim
 

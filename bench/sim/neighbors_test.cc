@@ -1,5 +1,6 @@
 #include "bench/sim/neighbors.h"
 
+#include "bench/sim/profiler.h"
 #include "bench/sim/simulator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -53,6 +54,48 @@ TEST(NeighborsTest, RecoversTheSimulatorsSlowdownsFromABurst) {
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_NEAR(e->slowdown.prefill, 0, 0.005) << e->Describe();
   EXPECT_NEAR(e->slowdown.decode, 0, 0.01) << e->Describe();
+}
+
+TEST(NeighborsTest, TheBaselineTakesOutTheHostsDriftSinceTheFits) {
+  // The host runs 10% slower than when the fits were taken: against the
+  // fits alone the burst reads that drift as neighbour slowdown; against
+  // the baseline (the same steps with an idle neighbour, timed the way the
+  // profiler times them) the known fractions come out again.
+  WorkerProfile slower = CpuLikeProfile();
+  for (CostModel* m : {&slower.prefill, &slower.decode}) {
+    m->c0 *= 1.1;
+    m->c1 *= 1.1;
+    m->c2 *= 1.1;
+  }
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+  options.profile = slower;
+  options.profile.neighbor_slowdown = {.prefill = 0.05, .decode = 0.25};
+  options.workers_per_host = 2;
+  auto prompts_alone =
+      Simulate(options, std::vector<SimRequest>(16, {0, 256, 1}));
+  auto decoding_alone =
+      Simulate(options, std::vector<SimRequest>(16, {0, 32, 384}));
+  auto burst = Simulate(options, std::vector<SimRequest>(16, {0, 256, 64}));
+  ASSERT_TRUE(prompts_alone.ok() && decoding_alone.ok() && burst.ok());
+  NeighborBaseline baseline;
+  int steps = 0;
+  auto prefill =
+      PrefillBurstRatio(prompts_alone->records, CpuLikeProfile(), &steps);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  baseline.prefill_ratio = *prefill;
+  baseline.decode_ratio = DecodeRatio(
+      DecodeWindowSamples(decoding_alone->records, 64), CpuLikeProfile());
+  EXPECT_NEAR(baseline.prefill_ratio, 1.1, 0.01);
+  EXPECT_NEAR(baseline.decode_ratio, 1.1, 0.02);
+
+  auto drifted = EstimateNeighborSlowdown(burst->records, CpuLikeProfile());
+  ASSERT_TRUE(drifted.ok()) << drifted.status();
+  EXPECT_GT(drifted->slowdown.decode, 0.3) << drifted->Describe();
+  auto e = EstimateNeighborSlowdown(burst->records, CpuLikeProfile(), baseline);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_NEAR(e->slowdown.prefill, 0.05, 0.01) << e->Describe();
+  EXPECT_NEAR(e->slowdown.decode, 0.25, 0.02) << e->Describe();
 }
 
 TEST(NeighborsTest, TooSmallABurstIsAnError) {

@@ -90,8 +90,46 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The neighbours' baseline (neighbors.h), right before their burst: the
+// burst's prompts with one output token each (the decode worker idles),
+// then a batch decoding with the prefill worker idle.
+absl::StatusOr<NeighborBaseline> MeasureBaseline(
+    std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
+    const ProfileOptions& options, int requests, std::ostream& log) {
+  NeighborBaseline baseline;
+  auto alone = Run(channel, requests, options.neighbor_prompt, 1, requests,
+                   7001, options);
+  if (!alone.ok()) return alone.status();
+  int steps = 0;
+  auto prefill = PrefillBurstRatio(*alone, profile, &steps);
+  if (!prefill.ok()) return prefill.status();
+  baseline.prefill_ratio = *prefill;
+  // The largest batch of the decode samples, again.
+  const int chunk = std::max(1, options.decode_chunk_tokens);
+  const int context = options.decode_contexts.front();
+  const int tokens = options.decode_tokens;
+  int batch = 1;
+  for (int b : options.decode_batches) {
+    if (int64_t{b} * (context + tokens) <=
+        profile.kv_blocks * profile.block_size) {
+      batch = std::max(batch, b);
+    }
+  }
+  auto decoding = Run(channel, batch, context, tokens, batch, 7002, options);
+  if (!decoding.ok()) return decoding.status();
+  const std::vector<DecodeWindowSample> samples =
+      DecodeWindowSamples(*decoding, chunk);
+  baseline.decode_ratio = DecodeRatio(samples, profile);
+  log << absl::StrFormat(
+      "neighbours' baseline: %d prefill steps of the burst's prompts alone "
+      "%.3fx the fit; %zu stretches of %d decoding alone %.3fx\n",
+      steps, baseline.prefill_ratio, samples.size(), batch,
+      baseline.decode_ratio);
+  return baseline;
+}
+
 // The neighbour run (profiler.h, neighbors.h): a burst of requests sent at
-// once.
+// once, after its baseline.
 absl::StatusOr<WorkerProfile::NeighborSlowdown> MeasureNeighbors(
     std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
     const ProfileOptions& options, std::ostream& log) {
@@ -102,10 +140,12 @@ absl::StatusOr<WorkerProfile::NeighborSlowdown> MeasureNeighbors(
       (options.neighbor_prompt + options.neighbor_output + profile.block_size);
   const int requests = static_cast<int>(
       std::min<int64_t>(options.neighbor_requests, std::max<int64_t>(fit, 1)));
+  auto baseline = MeasureBaseline(channel, profile, options, requests, log);
+  if (!baseline.ok()) return baseline.status();
   auto records = Run(channel, requests, options.neighbor_prompt,
                      options.neighbor_output, requests, 7000, options);
   if (!records.ok()) return records.status();
-  auto estimate = EstimateNeighborSlowdown(*records, profile);
+  auto estimate = EstimateNeighborSlowdown(*records, profile, *baseline);
   if (!estimate.ok()) return estimate.status();
   log << "neighbours (" << requests << " requests of "
       << options.neighbor_prompt << " + " << options.neighbor_output

@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/serving/metrics.h"
+#include "bench/sim/neighbors.h"
 #include "worker/engine/cost_profile.h"
 
 namespace baton::sim {
@@ -60,13 +61,6 @@ struct ProfileOptions {
   std::string name;
 };
 
-// One decode sample: a stretch of steps in which all `batch` requests
-// decoded, the median step time and the batch's mean total context.
-struct DecodeWindowSample {
-  int64_t batch = 0;
-  int64_t sum_context = 0;
-  double step_s = 0;
-};
 // The steps in which every request of the batch decodes, in ms since the
 // run's start: after the last first token, before the first one ends.
 struct DecodeWindow {
