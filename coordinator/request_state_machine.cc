@@ -183,20 +183,25 @@ RequestStateMachine::FindInStateLocked(
 
 void RequestStateMachine::AddLoadLocked(const WorkerId& worker,
                                         int64_t prefill_tokens,
-                                        int64_t decode_blocks) {
-  if (prefill_tokens == 0 && decode_blocks == 0) return;
+                                        int64_t decode_blocks,
+                                        int64_t sequences) {
+  if (prefill_tokens == 0 && decode_blocks == 0 && sequences == 0) return;
   RequestLoad& load = loads_[worker];
   load.prefill_tokens += prefill_tokens;
   load.decode_blocks += decode_blocks;
+  load.sequences += sequences;
   BATON_CHECK_GE(load.prefill_tokens, 0);
   BATON_CHECK_GE(load.decode_blocks, 0);
+  BATON_CHECK_GE(load.sequences, 0);
   if (load == RequestLoad{}) loads_.erase(worker);
 }
 
 void RequestStateMachine::DropDecodeLoadLocked(Record& rec) {
-  if (rec.decode_blocks != 0) {
-    AddLoadLocked(rec.decode->id, 0, -rec.decode_blocks);
+  if (rec.decode_blocks != 0 || rec.counts_sequence) {
+    AddLoadLocked(rec.decode->id, 0, -rec.decode_blocks,
+                  rec.counts_sequence ? -1 : 0);
     rec.decode_blocks = 0;
+    rec.counts_sequence = false;
   }
 }
 
@@ -214,7 +219,7 @@ Transition RequestStateMachine::EndLeasesLocked(
     }
   }
   if (rec.prefill_tokens != 0) {
-    AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0);
+    AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0, 0);
     rec.prefill_tokens = 0;
   }
   DropDecodeLoadLocked(rec);
@@ -285,7 +290,8 @@ absl::StatusOr<Transition> RequestStateMachine::ReserveDecode(
   ledger_.Acquire(decode_worker, rec->attempt_id);
   rec->decode = decode_worker;
   rec->decode_blocks = blocks;
-  AddLoadLocked(decode_worker.id, 0, blocks);
+  rec->counts_sequence = true;
+  AddLoadLocked(decode_worker.id, 0, blocks, 1);
   return Edge(request_id, rec->attempt_id, RequestState::kQueued,
               RequestState::kQueued);
 }
@@ -341,10 +347,12 @@ absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
   ledger_.Acquire(prefill_worker, rec.attempt_id);
   rec.prefill = prefill_worker;
   rec.prefill_tokens = rec.spec.prompt_tokens;
-  AddLoadLocked(prefill_worker.id, rec.prefill_tokens, 0);
-  if (!rec.decode.has_value()) {
+  const bool colocated = !rec.decode.has_value();
+  AddLoadLocked(prefill_worker.id, rec.prefill_tokens, 0, colocated ? 1 : 0);
+  if (colocated) {
     rec.colocated = true;
     rec.decode = prefill_worker;
+    rec.counts_sequence = true;
   }
   rec.state = RequestState::kPrefilling;
   return Edge(request_id, rec.attempt_id, RequestState::kQueued,
@@ -360,7 +368,7 @@ absl::StatusOr<Transition> RequestStateMachine::OnFirstToken(
       attempt_id, "OnFirstToken", {RequestState::kPrefilling}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
-  AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0);
+  AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0, 0);
   rec.prefill_tokens = 0;
   rec.first_token = true;
   // Colocated: the same lease now backs the decode.

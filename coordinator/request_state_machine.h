@@ -29,8 +29,9 @@
 //
 // The load a request puts on workers, as routing sees it before heartbeats
 // catch up (Loads()): its prompt tokens on the prefill worker from
-// StartPrefill to the first token, and its reserved blocks on the decode
-// worker from ReserveDecode to the end of the attempt.
+// StartPrefill to the first token, and its reserved blocks and one
+// sequence on the decode worker from ReserveDecode to the end of the
+// attempt (colocated: one sequence on its worker from StartPrefill on).
 //
 // Timers, on the injected clock: the request's deadline (any live state),
 // the queue timeout (QUEUED, from admission or the start of the attempt,
@@ -185,6 +186,10 @@ struct RequestLoad {
   int64_t prefill_tokens = 0;
   // Blocks of live decode reservations.
   int64_t decode_blocks = 0;
+  // Requests that decode there and have not ended: a split one from its
+  // decode reservation on, a colocated one from its prefill on (the
+  // sequences the worker runs, or will once their prompts are prefilled).
+  int64_t sequences = 0;
 
   bool operator==(const RequestLoad&) const = default;
 };
@@ -333,6 +338,7 @@ class RequestStateMachine {
     // Load counted on prefill / decode (RequestLoad).
     int64_t prefill_tokens = 0;
     int64_t decode_blocks = 0;
+    bool counts_sequence = false;  // on `decode`
     absl::Time queue_deadline = absl::InfiniteFuture();
     absl::Time transferring_since = absl::InfiniteFuture();
     absl::Status status;
@@ -383,7 +389,8 @@ class RequestStateMachine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` to the load of `worker`.
   void AddLoadLocked(const WorkerId& worker, int64_t prefill_tokens,
-                     int64_t decode_blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     int64_t decode_blocks, int64_t sequences)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the reservation's load.
   void DropDecodeLoadLocked(Record& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the QUEUED reservation (refused or lost) and records the attempt;

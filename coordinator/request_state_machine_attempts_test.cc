@@ -188,7 +188,7 @@ TEST_F(RequestStateMachineAttemptsTest, WorkerDownMidTransferStartsAttempts) {
   ExpectRequeued("r1", "r1/migrate1", 2, {kP}, {});
   ExpectRequeued("r2", "r2/retry1", 2, {kP}, {});
   EXPECT_THAT(sm_->LiveLeases(), ElementsAre(Lease{kD, "r3"}));
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 2}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 2, 1}}}));
 
   // The decode worker dies under r1's new transfer and under r3.
   ASSERT_NO_FATAL_FAILURE(Drive("r1/migrate1", State::kTransferring, kP2, kD));
@@ -227,7 +227,7 @@ TEST_F(RequestStateMachineAttemptsTest, StaleAttemptIdsChangeNothing) {
   };
   const std::vector<Lease> leases = sm_->LiveLeases();
   const Loads loads = sm_->Loads();
-  EXPECT_EQ(loads, (Loads{{"d2", {0, 8}}, {"p2", {100, 0}}}));
+  EXPECT_EQ(loads, (Loads{{"d2", {0, 8, 1}}, {"p2", {100, 0}}}));
   for (const absl::Status& s : events("r1")) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(s.message(), HasSubstr("attempt 'r1' is over"));

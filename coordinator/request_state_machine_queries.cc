@@ -135,8 +135,10 @@ absl::Status RequestStateMachine::CheckInvariants() const {
     if (rec.decode_blocks != 0) {
       loads[rec.decode->id].decode_blocks += rec.decode_blocks;
     }
+    if (rec.counts_sequence) ++loads[rec.decode->id].sequences;
     if (IsTerminal(rec.state) &&
-        (rec.prefill_tokens != 0 || rec.decode_blocks != 0)) {
+        (rec.prefill_tokens != 0 || rec.decode_blocks != 0 ||
+         rec.counts_sequence)) {
       return absl::InternalError(
           absl::StrCat("request '", id, "' is ", RequestStateName(rec.state),
                        " but still counts load on a worker"));

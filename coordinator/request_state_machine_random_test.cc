@@ -176,6 +176,8 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       if (s.decode_worker.has_value() && !s.colocated) {
         out[s.decode_worker->id].decode_blocks += blocks[s.attempt_id];
       }
+      // Every request that has a decode worker decodes there.
+      if (s.decode_worker.has_value()) ++out[s.decode_worker->id].sequences;
     }
     std::erase_if(out,
                   [](const auto& kv) { return kv.second == RequestLoad{}; });

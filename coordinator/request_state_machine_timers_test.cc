@@ -22,39 +22,42 @@ TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
   ASSERT_TRUE(sm_->Admit("r2", RequestSpec{30, 10}).ok());
   ASSERT_TRUE(sm_->Admit("r3", RequestSpec{7, 10}).ok());
+  // A reservation: its blocks and one sequence on the decode worker.
   ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8, 1}}}));
   ASSERT_TRUE(
       sm_->OnReserveRefused("r1", kD, absl::ResourceExhaustedError("x")).ok());
   EXPECT_THAT(sm_->Loads(), IsEmpty());
   ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
   ASSERT_TRUE(sm_->StartPrefill("r1", kP, true).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8}}, {"p", {100, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8, 1}}, {"p", {100, 0}}}));
   ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD2, 3));
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {130, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {130, 0}}}));
   ASSERT_TRUE(sm_->OnFirstToken("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {30, 0}}}));
   ASSERT_TRUE(sm_->OnHandoff("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11}}, {"p", {30, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {30, 0}}}));
   ASSERT_TRUE(sm_->OnFinished("r1").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 3}}, {"p", {30, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 3, 1}}, {"p", {30, 0}}}));
   // A new attempt drops the old one's load.
   ASSERT_TRUE(sm_->OnAttemptFailed("r2", RpcFailed(WorkerRpc::kPrefill)).ok());
   EXPECT_THAT(sm_->Loads(), IsEmpty());
-  // Colocated: prompt tokens only, until the first token.
+  // Colocated: no reservation; prompt tokens until the first token, a
+  // sequence until the end.
   ASSERT_TRUE(sm_->StartPrefill("r3", kB).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"b", {7, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"b", {7, 0, 1}}}));
   ASSERT_TRUE(sm_->OnFirstToken("r3").ok());
-  EXPECT_THAT(sm_->Loads(), IsEmpty());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"b", {0, 0, 1}}}));
   ASSERT_TRUE(sm_->OnFinished("r3").ok());
+  EXPECT_THAT(sm_->Loads(), IsEmpty());
   // Cancel and deadline drop it too.
   ASSERT_TRUE(sm_->ReserveDecode("r2/retry1", kD, 5).ok());
   ASSERT_TRUE(sm_->Admit("r4", RequestSpec{20, 10}).ok());
   ASSERT_NO_FATAL_FAILURE(Drive("r4", State::kPrefilling, kP2, kD2, 6));
   EXPECT_EQ(sm_->Loads(),
-            (Loads{{"d", {0, 5}}, {"d2", {0, 6}}, {"p2", {20, 0}}}));
+            (Loads{{"d", {0, 5, 1}}, {"d2", {0, 6, 1}}, {"p2", {20, 0}}}));
   ASSERT_TRUE(sm_->Cancel("r2", "x").ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 6}}, {"p2", {20, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 6, 1}}, {"p2", {20, 0}}}));
   ASSERT_TRUE(sm_->OnDeadline("r4").ok());
   ExpectClean();
 }

@@ -53,6 +53,9 @@ struct WorkerLoad {
   // heartbeat arrived: other replicas' prompts (Cluster::Heartbeat sets it;
   // not on the wire).
   int64_t unowned_prefill_tokens = 0;
+  // Likewise, of running_sequences, those beyond the requests this
+  // coordinator had decoding there (RequestLoad::sequences).
+  int32_t unowned_sequences = 0;
 
   bool operator==(const WorkerLoad&) const = default;
 };

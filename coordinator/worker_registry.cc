@@ -315,6 +315,7 @@ void WorkerRegistry::MarkDownLocked(WorkerInfo& info, std::string reason) {
   info.load.kv_blocks_reserved = 0;
   info.load.queued_prefill_tokens = 0;
   info.load.unowned_prefill_tokens = 0;
+  info.load.unowned_sequences = 0;
   info.load.running_sequences = 0;
   pending_down_.push_back(
       DownEvent{info.ref, std::move(reason), info.leased_request_ids});

@@ -33,6 +33,10 @@ struct Worker {
   std::vector<int> in_step;  // prompts prefilled by the current step
   int64_t free_blocks = 0;
   int64_t queued_prefill_tokens = 0;
+  // Requests decoding here, as the coordinator counts them
+  // (RequestLoad::sequences): from the reservation, or colocated from the
+  // send, to the end.
+  int64_t sequences = 0;
   bool busy = false;
   double step_start = 0;
   PrefillRate rate;
@@ -171,7 +175,9 @@ class Simulation {
     Worker& worker = workers_[static_cast<size_t>(w)];
     coordinator::WorkerLoad& load = (*worker.pool)[worker.pool_index].load;
     load.queued_prefill_tokens = worker.queued_prefill_tokens;
-    load.running_sequences = static_cast<int32_t>(worker.running.size());
+    load.running_sequences = static_cast<int32_t>(
+        worker.role == WorkerRole::kPrefill ? worker.running.size()
+                                            : worker.sequences);
     load.kv_blocks_free = worker.free_blocks;
     load.queued_reservations = static_cast<int32_t>(worker.line.size());
     load.prefill_tokens_per_second = worker.rate.tokens_per_second();
@@ -253,6 +259,7 @@ class Simulation {
     req.blocks = coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.free_blocks -= req.blocks;
+    ++worker.sequences;
     BATON_CHECK(worker.free_blocks >= 0);
     // The transfer carries only the blocks this worker's cache lacks.
     const int64_t held = prefix_->Use(w, req.chain, worker.free_blocks);
@@ -268,6 +275,7 @@ class Simulation {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.prompts.push_back(r);
     worker.queued_prefill_tokens += req.in.input_len;
+    if (worker.role == WorkerRole::kBoth) ++worker.sequences;
     Sync(w);
     MaybeStep(w);
   }
@@ -280,6 +288,7 @@ class Simulation {
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.free_blocks += req.blocks;
     req.blocks = 0;
+    --worker.sequences;
     // Its prompt blocks stay cached in the space it frees.
     prefix_->Store(w, req.chain, worker.free_blocks);
     req.chain.clear();

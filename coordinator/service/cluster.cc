@@ -189,9 +189,11 @@ absl::Status Cluster::Heartbeat(const WorkerRef& worker, WorkerLoad load,
   // Under the routing lock: no prompt is sent to the worker between the
   // count read here and the registry's update.
   absl::MutexLock claim(&claim_mu_);
+  const RequestLoad own = requests_.LoadOn(worker.id);
   load.unowned_prefill_tokens =
-      std::max<int64_t>(0, load.queued_prefill_tokens -
-                               requests_.LoadOn(worker.id).prefill_tokens);
+      std::max<int64_t>(0, load.queued_prefill_tokens - own.prefill_tokens);
+  load.unowned_sequences = static_cast<int32_t>(
+      std::max<int64_t>(0, int64_t{load.running_sequences} - own.sequences));
   return registry_->Heartbeat(worker, load, leased);
 }
 
@@ -223,6 +225,11 @@ Candidates Cluster::RoutingCandidates() const {
       // current where the heartbeat's lags behind frees and reservations.
       w.load.kv_blocks_free = std::max<int64_t>(
           0, w.registration.kv_blocks_total - load.decode_blocks);
+      // Likewise the sequences decoding there (the least-loaded policy's
+      // tie-break): a heartbeat up to an interval old still counts
+      // requests that have ended and misses ones just sent.
+      w.load.running_sequences =
+          static_cast<int32_t>(load.sequences + w.load.unowned_sequences);
     }
   }
   return candidates;

@@ -142,15 +142,16 @@ class Cluster {
   std::shared_ptr<v1::Worker::Stub> WorkerStub(const std::string& address);
 
   // A worker's heartbeat (WorkerRegistry::Heartbeat), with the prompt
-  // tokens it counts beyond this coordinator's own noted
-  // (WorkerLoad::unowned_prefill_tokens).
+  // tokens and sequences it counts beyond this coordinator's own noted
+  // (WorkerLoad::unowned_prefill_tokens, unowned_sequences).
   absl::Status Heartbeat(const WorkerRef& worker, WorkerLoad load,
                          const std::vector<std::string>& leased);
 
   // The registry's workers, with the load the coordinator itself knows of
   // (RequestStateMachine::Loads) in place of the heartbeat's: prompt tokens
-  // sent and not yet prefilled (plus the heartbeat's unowned ones), and the
-  // decode blocks of every live reservation. Heartbeats lag by up to an
+  // sent and not yet prefilled (plus the heartbeat's unowned ones), and on
+  // workers that decode the blocks of every live reservation and the
+  // requests decoding there (plus the unowned ones). Heartbeats lag by up to an
   // interval: a burst of requests would otherwise all pick one worker, and
   // a worker whose prompts were prefilled since its last heartbeat would
   // look busy with them.

@@ -1,6 +1,7 @@
 // The load routing sees (Cluster::RoutingCandidates): the coordinator's own
-// count of the prompts it sent, current at every pick, and of a heartbeat's
-// queued prompt tokens only those beyond that count (another replica's).
+// count of the prompts it sent and of the requests decoding on a worker,
+// current at every pick, and of a heartbeat's queued prompt tokens and
+// running sequences only those beyond that count (another replica's).
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,9 +43,11 @@ class ClusterLoadTest : public ::testing::Test {
         cluster_->requests().StartPrefill(id, worker_, /*split=*/false).ok());
   }
 
-  absl::Status Heartbeat(int64_t queued_prefill_tokens) {
+  absl::Status Heartbeat(int64_t queued_prefill_tokens,
+                         int32_t running_sequences = 0) {
     WorkerLoad load;
     load.queued_prefill_tokens = queued_prefill_tokens;
+    load.running_sequences = running_sequences;
     load.kv_blocks_total = 100;
     load.kv_blocks_free = 100;
     return cluster_->Heartbeat(worker_, load, {});
@@ -54,6 +57,12 @@ class ClusterLoadTest : public ::testing::Test {
     const Candidates all = cluster_->RoutingCandidates();
     EXPECT_EQ(all.size(), 1u);
     return all.empty() ? -1 : all[0].load.queued_prefill_tokens;
+  }
+
+  int32_t RoutedSequences() {
+    const Candidates all = cluster_->RoutingCandidates();
+    EXPECT_EQ(all.size(), 1u);
+    return all.empty() ? -1 : all[0].load.running_sequences;
   }
 
   std::unique_ptr<Cluster> cluster_;
@@ -89,6 +98,29 @@ TEST_F(ClusterLoadTest, PromptsOfOtherReplicasCountUntilTheNextHeartbeat) {
   EXPECT_EQ(RoutedQueue(), 120);
   ASSERT_TRUE(Heartbeat(0).ok());
   EXPECT_EQ(RoutedQueue(), 0);
+}
+
+TEST_F(ClusterLoadTest, SequencesCountFromTheSendToTheEndWhateverTheHeartbeat) {
+  // Sent to a colocated worker: it decodes there once prefilled, and the
+  // tie-break between equal prompt queues counts it from the send on.
+  Send("a", 100);
+  Send("b", 50);
+  EXPECT_EQ(RoutedSequences(), 2);
+  ASSERT_TRUE(cluster_->requests().OnFirstToken("a").ok());
+  EXPECT_EQ(RoutedSequences(), 2);
+  // The heartbeat, taken before "a" ended, still shows it running; after
+  // it ends routing no longer counts it.
+  ASSERT_TRUE(Heartbeat(50, 1).ok());
+  ASSERT_TRUE(cluster_->requests().OnFinished("a").ok());
+  EXPECT_EQ(RoutedSequences(), 1);
+  // Another replica's two sequences count until a heartbeat drops them.
+  ASSERT_TRUE(Heartbeat(50, 3).ok());
+  EXPECT_EQ(RoutedSequences(), 3);
+  ASSERT_TRUE(cluster_->requests().Cancel("b", "client went away").ok());
+  EXPECT_EQ(RoutedSequences(), 2);
+  ASSERT_TRUE(Heartbeat(0, 0).ok());
+  EXPECT_EQ(RoutedSequences(), 0);
+  EXPECT_TRUE(cluster_->requests().CheckInvariants().ok());
 }
 
 }  // namespace
