@@ -47,6 +47,9 @@ grep -q "| 1P1D | 50% |" "$OUT/run/fidelity.md" || fail "no 1P1D row"
 grep -Eq "^\| 1P1D \|.*\| [0-9.]+ \| [0-9.]+ \([-+][0-9.]+%\) \|$" \
   "$OUT/run/fidelity.md" || fail "no host speed in the saturation row"
 grep -q "| prefill |" "$OUT/run/steps-1P1D.md" || fail "no prefill steps traced"
+# The split cluster's profile set its fits' level from the neighbour run's
+# baseline.
+grep -q "scaled by" "$OUT/run/profile.json" || fail "profile fits not scaled"
 "$PYTHON" - "$OUT/run" <<'EOF' || fail "the replay check above"
 import glob, json, os, sys
 run = sys.argv[1]

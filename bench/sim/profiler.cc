@@ -130,7 +130,7 @@ absl::StatusOr<NeighborBaseline> MeasureBaseline(
 
 // The neighbour run (profiler.h, neighbors.h): a burst of requests sent at
 // once, after its baseline.
-absl::StatusOr<WorkerProfile::NeighborSlowdown> MeasureNeighbors(
+absl::StatusOr<NeighborEstimate> MeasureNeighbors(
     std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
     const ProfileOptions& options, std::ostream& log) {
   // Every request's KV reservation fits the decode worker's pool at once,
@@ -150,7 +150,7 @@ absl::StatusOr<WorkerProfile::NeighborSlowdown> MeasureNeighbors(
   log << "neighbours (" << requests << " requests of "
       << options.neighbor_prompt << " + " << options.neighbor_output
       << " tokens at once): " << estimate->Describe() << "\n";
-  return estimate->slowdown;
+  return estimate;
 }
 
 void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
@@ -312,14 +312,32 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
                   transfer_fit->model.c1
             : std::numeric_limits<double>::max();
     profile.transfer_s_per_token2 = transfer_fit->model.c2;
-    auto slowdown = MeasureNeighbors(channel, profile, options, log);
-    if (!slowdown.ok()) return slowdown.status();
-    profile.neighbor_slowdown = *slowdown;
+    auto neighbors = MeasureNeighbors(channel, profile, options, log);
+    if (!neighbors.ok()) return neighbors.status();
+    profile.neighbor_slowdown = neighbors->slowdown;
+    // The fits' shape comes from their samples, their level from the
+    // baseline, taken last on a saturated cluster's step shapes: the host's
+    // speed moves by more than the fits' error in the minutes between.
+    const NeighborBaseline& level = neighbors->baseline;
+    for (double* c :
+         {&profile.prefill.c0, &profile.prefill.c1, &profile.prefill.c2}) {
+      *c *= level.prefill_ratio;
+    }
+    for (double* c :
+         {&profile.decode.c0, &profile.decode.c1, &profile.decode.c2}) {
+      *c *= level.decode_ratio;
+    }
+    log << absl::StrFormat(
+        "prefill fit scaled by %.3f, decode fit by %.3f (the baseline)\n",
+        level.prefill_ratio, level.decode_ratio);
     profile.source = absl::StrFormat(
         "measured by baton-bench profile on a split cluster: prefill "
-        "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%",
+        "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%; prefill "
+        "and decode fits scaled by %.3f and %.3f to the speed of the "
+        "neighbour run's baseline",
         100 * prefill_fit->heldout_mape, 100 * decode_fit->heldout_mape,
-        100 * transfer_fit->heldout_mape);
+        100 * transfer_fit->heldout_mape, level.prefill_ratio,
+        level.decode_ratio);
   } else {
     profile.transfer_alpha_s = 0;
     profile.transfer_bytes_per_s = 1e12;
