@@ -115,8 +115,8 @@ ABSL_FLAG(int, profile_decode_tokens, 384,
           "and longer contexts)");
 ABSL_FLAG(bool, profile_quick, false,
           "profile: fewer points (prompts up to 512 tokens, decode batches "
-          "up to 8 with 256-token answers), for a quick check rather than a "
-          "profile to keep");
+          "up to 8 with 256-token answers, a neighbour run of 16 "
+          "requests), for a quick check rather than a profile to keep");
 ABSL_FLAG(double, profile_max_error, 0.10,
           "profile: refuse a fit whose mean error on held-out samples is "
           "above this fraction (a noisy host gives a profile not worth "
@@ -167,6 +167,7 @@ int Profile() {
     options.prefill_lengths = {32, 64, 128, 256, 512};
     options.decode_batches = {1, 2, 4, 8};
     options.decode_tokens = std::min(options.decode_tokens, 256);
+    options.neighbor_requests = 16;
   }
   options.max_heldout_mape = absl::GetFlag(FLAGS_profile_max_error);
   if (!(options.max_heldout_mape > 0)) {
