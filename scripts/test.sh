@@ -16,8 +16,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="${BATON_JOBS:-$(nproc)}"
 
-# Wall time of each stage (setup, fuzz build, main build + tests, ASan, TSan),
-# printed at the end, also when a stage fails: the baseline CI is held to.
+# Wall time of each stage (setup, fuzz build, main build + tests, ASan, TSan;
+# a sanitizer tree's build starts beside the tests of the stage before it and
+# ends in its own stage), printed at the end, also when a stage fails: the
+# baseline CI is held to.
 STAGE_TIMES=()
 STAGE_NAME=""
 STAGE_START=$SECONDS
@@ -30,10 +32,18 @@ stage() {  # name of the stage that starts now ("" ends the last one)
 }
 report_stages() {
   local rc=$?
+  stop_build
   stage ""
   echo "test.sh: $(scripts/host_info.sh); wall time per stage:"
   printf '  %s\n' "${STAGE_TIMES[@]}"
   echo "  total      $SECONDS s (exit $rc)"
+}
+BG_PID=""  # a sanitizer tree's build running in the background (below)
+stop_build() {
+  if [[ -n "$BG_PID" ]]; then
+    kill "$BG_PID" 2>/dev/null || true
+    wait "$BG_PID" 2>/dev/null || true
+  fi
 }
 trap report_stages EXIT
 
@@ -67,15 +77,19 @@ if [[ "${BATON_SANITIZERS:-all}" == none ]]; then
   (cd build && ctest --output-on-failure -j "$JOBS")
   exit 0
 fi
-(cd build && ctest --output-on-failure -j "$JOBS" -LE sanitize)
-(cd build && ctest --output-on-failure -j "$JOBS" -R "$DEVICE_TOKEN_CHECKS")
-export ASAN_OPTIONS="detect_leaks=1"
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-# See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
-export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:suppressions=$ROOT/common/tsan/grpc.supp"
-sanitized_run() {  # sanitizer, compiler (gcc|clang), build dir, ctest arguments...
+
+# Each sanitizer tree builds at nice 19 beside the tests of the tree before
+# it, and the rest of it after them: those tests leave a core idle much of
+# the time (the multi-process cluster tests run one at a time and wait on
+# their processes), and a niced compile takes only that idle time (the
+# cluster tests ran about 9% longer beside one: the two cores' caches are
+# shared). Linux's autogroups apply nice only within a session, so the
+# build stays in this script's session (ninja puts each compile in its own
+# process group, not its own session).
+BG_DIR=""
+BG_START=0
+configure_sanitized() {  # sanitizer, compiler (gcc|clang), build dir
   local sanitizer="$1" compiler="$2" dir="$3"
-  shift 3
   local cc=gcc cxx=g++
   if [[ "$compiler" == clang ]]; then cc=clang cxx=clang++; fi
   # -O1 -g1 compiles the instrumented gRPC/Beast-heavy code about twice as
@@ -86,15 +100,51 @@ sanitized_run() {  # sanitizer, compiler (gcc|clang), build dir, ctest arguments
     -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DBATON_TEST_OPT=-O0 \
     -DBATON_SANITIZE="$sanitizer" -DBATON_CUDA=OFF >/dev/null
-  # baton_sanitize: the binaries of the tests labelled `sanitize` (CMakeLists.txt).
-  cmake --build "$dir" -j "$JOBS" --target baton_sanitize
-  (cd "$dir" && ctest --output-on-failure -j "$JOBS" -L sanitize "$@")
 }
-stage asan
+start_build_beside() {  # build dir: baton_sanitize, the binaries of the
+  # tests labelled `sanitize` (CMakeLists.txt), built in the background
+  BG_DIR="$1"
+  BG_START=$SECONDS
+  nice -n 19 ninja -C "$BG_DIR" -j "$JOBS" baton_sanitize >"$BG_DIR/build.log" 2>&1 &
+  BG_PID=$!
+}
+finish_build() {  # waits for the background build, then builds what is left
+  local rc=0 beside=$(( SECONDS - BG_START ))
+  wait "$BG_PID" || rc=$?
+  BG_PID=""
+  if (( rc != 0 )); then
+    tail -n 60 "$BG_DIR/build.log"
+    echo "test.sh: the build of $BG_DIR failed (log: $BG_DIR/build.log)" >&2
+    return "$rc"
+  fi
+  echo "test.sh: $BG_DIR built: $(grep -c '^\[' "$BG_DIR/build.log") steps in" \
+    "$(( SECONDS - BG_START )) s, $beside s of it beside the tests before it"
+}
+
 # clang: its ASan+UBSan compiles this tree in about 480 s where GCC's took
 # 620 s (UBSan's null and alignment checks are most of GCC's extra time:
 # http_session.cc 35 s against 56 s), with the same tests passing.
-sanitized_run address,undefined clang build-address -E "$DEVICE_TOKEN_CHECKS"
+configure_sanitized address,undefined clang build-address
+start_build_beside build-address
+(cd build && ctest --output-on-failure -j "$JOBS" -LE sanitize)
+(cd build && ctest --output-on-failure -j "$JOBS" -R "$DEVICE_TOKEN_CHECKS")
+
+stage asan
+finish_build
+# GCC for TSan: clang's TSan also instruments the gRPC callback code that
+# Debian's headers inline (callback_common.h's tags, set on one gRPC thread
+# and cleared on another), which grpc.supp, written for GCC's frames, does
+# not cover.
+configure_sanitized thread gcc build-thread
+start_build_beside build-thread
+export ASAN_OPTIONS="detect_leaks=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+(cd build-address && ctest --output-on-failure -j "$JOBS" -L sanitize -E "$DEVICE_TOKEN_CHECKS")
+
+stage tsan
+finish_build
+# See common/tsan/: Debian's Abseil and gRPC are not built for TSan.
+export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:suppressions=$ROOT/common/tsan/grpc.supp"
 # TSan runs 5-15x slower (though the sanitizer trees leave the engine's
 # matmul tiles uninstrumented, kernels/cpu/matmul.cmake): to keep CI within its time, its cluster subset
 # is client cancel, deadline expiry and the health checks; the other cluster tests run under ASan only. (Frozen and
@@ -108,10 +158,5 @@ sanitized_run address,undefined clang build-address -E "$DEVICE_TOKEN_CHECKS"
 # server in one uninstrumented library) run under ASan only, as does the
 # secured cluster (its TLS handshakes run in uninstrumented gRPC and
 # OpenSSL; the HTTPS sessions run under both, in http_unit_test).
-# GCC for TSan: clang's TSan also instruments the gRPC callback code that
-# Debian's headers inline (callback_common.h's tags, set on one gRPC thread
-# and cleared on another), which grpc.supp, written for GCC's frames, does
-# not cover.
-stage tsan
-sanitized_run thread gcc build-thread -E \
-  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|CoordinatorDrain|Killed|Frozen|Stalled|Wedged|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS"
+(cd build-thread && ctest --output-on-failure -j "$JOBS" -L sanitize -E \
+  "SameTokensAsInProcessEngine|DecodePoolWithoutRoom|Malformed|EmptyPools|Orphaned|ClusterStatusLists|CoordinatorRestarts|CoordinatorDrain|Killed|Frozen|Stalled|Wedged|HttpClusterTest|CoordinatorGenerateMetrics|ClusterSecurityTest|ClusterReplicaTest|ClusterElasticTest|$DEVICE_TOKEN_CHECKS")

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/shadow_runner_test_util.h"
@@ -27,8 +28,13 @@ using ::testing::HasSubstr;
 class WorkerServiceNcclTest : public WorkerServiceTest {
  protected:
   void SetUp() override {
+    // Both ends join in this process at once; a pair whose peer never comes
+    // (PairKvNamesWhatIsWrong's last one) gives up after this, not the
+    // production default of 30 s.
+    NcclCommPoolOptions options;
+    options.init_timeout = absl::Seconds(3);
     for (auto* pool : {&prefill_pool_, &decode_pool_}) {
-      auto created = NcclCommPool::Create(&api_);
+      auto created = NcclCommPool::Create(&api_, options);
       ASSERT_TRUE(created.ok()) << created.status();
       *pool = std::move(*created);
     }
