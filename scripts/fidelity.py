@@ -6,8 +6,8 @@
                         [--input_len=256] [--output_len=64] [--range_ratio=0.5]
                         [--goodput="ttft:2000 tpot:40"] [--profile=FILE]
                         [--quick_profile] [--profile_each_shape]
-                        [--profile_max_error=0.10] [--probe_prompts=3]
-                        [--out=DIR] [--bin=build/bin]
+                        [--profile_max_error=0.10]
+                        [--out=DIR] [--bin=build/bin] [--report_only]
                         [--check=all|saturation,goodput,ttft_p90,tpot_p90]
 
 1. Without --profile, measures one: `baton-bench profile` on a 1P1D cluster
@@ -25,22 +25,26 @@
    per-request records, with the profile; every worker of the shape shares
    this host (baton-sim --workers_per_host), so the profile's
    neighbor_slowdown applies between them.
-4. Times the host's speed with a probe (the median prefill time of
-   --probe_prompts single prompts of --input_len tokens, one at a time)
-   right after each profile and right before and after each saturation
-   burst: the ratio says how much faster or slower the host ran during the
-   burst than while it was profiled, and the saturation table gives the
-   simulated throughput at the burst's speed beside the plain one (the
-   bound is on the plain one). Every worker writes its engine steps
-   (OUT/steps-SHAPE/, baton-worker --step_trace), and OUT/steps-SHAPE.md
-   holds scripts/step_costs.py's table of the saturation burst's steps
-   against the profile.
+4. Every worker writes its engine steps (OUT/steps-SHAPE/, baton-worker
+   --step_trace), and OUT/steps-SHAPE.md holds scripts/step_costs.py's
+   table of the saturation burst's steps against the profile. Their time
+   over what the profile charges them (its neighbour slowdown included) is
+   the host's speed during the burst against its speed while it was
+   profiled; the saturation table gives, beside the plain simulated
+   throughput, baton-sim's at that speed (the profile's fits scaled by the
+   ratio; OUT/raw/SHAPE-saturation-traced-profile.json): what is left of
+   the error once the host's drift is taken out. The bound is on the plain
+   one.
 5. Writes OUT/fidelity.md and OUT/fidelity.json: per shape and load the
    measured and simulated goodput, P90 TTFT and P90 TPOT (means over the
    seeds), the seeds' spread (max - min over the mean of the measured
    values), and whether each is within its bound: goodput +-15%, P90s
    +-20%, or the spread + 10% where that is wider; saturation throughput
    within 5%.
+
+--report_only starts no cluster: it reads a finished run's OUT (the same
+workload flags and --shapes, and --profile_each_shape if the run had it),
+simulates its bursts again at their steps' speed and rewrites the tables.
 
 --check exits 1 when one of the named bounds is missed. The bounds are
 timing goals, for a quiet machine (the clusters use every core): the small
@@ -57,7 +61,6 @@ import os
 import re
 import subprocess
 import sys
-import shlex
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,11 +86,11 @@ def parse_args(argv):
     p.add_argument("--profile_max_error", type=float, default=0.10,
                    help="baton-bench profile's limit on a fit's held-out "
                    "error")
-    p.add_argument("--probe_prompts", type=int, default=3,
-                   help="prompts of the host-speed probe (0: no probe)")
     p.add_argument("--out", default="")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--check", default="")
+    p.add_argument("--report_only", action="store_true",
+                   help="rewrite the tables of a finished run in --out")
     p.add_argument("--points_of", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.shape_list = [s for s in a.shapes.split(",") if s]
@@ -104,8 +107,6 @@ def parse_args(argv):
             p.error(f"--loads: {load} is not a fraction of capacity in (0, 1)")
     if not a.profile_max_error > 0:
         p.error("--profile_max_error must be a positive fraction")
-    if a.probe_prompts < 0:
-        p.error("--probe_prompts must not be negative")
     if a.num_prompts < 1 or a.saturation_prompts < 1:
         p.error("--num_prompts and --saturation_prompts must be positive")
     if not a.out:
@@ -141,37 +142,6 @@ def bench(a, name, rate, seed, prompts):
         return json.load(f)
 
 
-def probe_argv(a, name):
-    """baton-bench timing --probe_prompts lone prefills of --input_len."""
-    return [os.path.join(a.bin, "baton-bench"), "--server=$BATON_SERVER",
-            f"--num_prompts={a.probe_prompts}", "--max_concurrency=1",
-            f"--random_input_len={a.input_len}", "--random_output_len=1",
-            "--random_range_ratio=0", "--seed=4242", "--reset_prefix_cache",
-            "--save_result", f"--result_dir={os.path.join(a.out, 'raw')}",
-            f"--result_filename={name}.json"]
-
-
-def probe_ms(a, name):
-    """The median prefill time of the probe saved as `name`, or None."""
-    path = os.path.join(a.out, "raw", f"{name}.json")
-    if a.probe_prompts < 1 or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        times = sorted(r["server"]["prefill_ms"]
-                       for r in json.load(f)["requests"] if r["success"])
-    return times[len(times) // 2] if times else None
-
-
-def run_probe(a, name):
-    """Runs the probe inside the current cluster; returns its median."""
-    if a.probe_prompts < 1:
-        return None
-    argv = [x.replace("$BATON_SERVER", os.environ["BATON_SERVER"])
-            for x in probe_argv(a, name)]
-    run(argv, stdout=subprocess.DEVNULL)
-    return probe_ms(a, name)
-
-
 def trace_of(result, path):
     """What baton-bench sent, as a baton-sim trace (seconds from the first
     send, prompt tokens, output tokens)."""
@@ -190,11 +160,12 @@ def workers_of(shape):
     return sum(int(n) for n in re.findall(r"(\d+)[PDC]", shape))
 
 
-def simulate(a, shape, name, result):
+def simulate(a, shape, name, result, profile=None):
+    """baton-sim on what `result` sent, with --profile or `profile`."""
     trace = os.path.join(a.out, "raw", f"{name}.csv")
     trace_of(result, trace)
     path = os.path.join(a.out, "raw", f"{name}-sim.json")
-    run([os.path.join(a.bin, "baton-sim"), f"--profile={a.profile}",
+    run([os.path.join(a.bin, "baton-sim"), f"--profile={profile or a.profile}",
          f"--shape={shape}", f"--trace={trace}", f"--goodput={a.goodput}",
          f"--workers_per_host={workers_of(shape)}",
          "--metric_percentiles=50,90,99", "--save_result",
@@ -225,16 +196,13 @@ def figures(result):
 def points_of(a, shape):
     """Runs inside a cluster of `shape`: every point, measured and simulated."""
     bench(a, f"{shape}-warmup", "inf", 999, 2)
-    before = run_probe(a, f"{shape}-probe-before")
     since = time.monotonic()
     sat = bench(a, f"{shape}-saturation", "inf", 100, a.saturation_prompts)
     until = time.monotonic()
-    after = run_probe(a, f"{shape}-probe-after")
     sat_sim = simulate(a, shape, f"{shape}-saturation", sat)
     capacity = saturation(sat)
     points = {"shape": shape, "capacity": capacity,
               "capacity_sim": sat_sim["request_throughput"],
-              "probe_ms": {"before": before, "after": after},
               "saturation_window": [since, until], "loads": []}
     for load in a.load_list:
         rate = round(load * capacity, 4)
@@ -287,10 +255,9 @@ def report(a):
         err = abs(pts["capacity_sim"] - pts["capacity"]) / pts["capacity"]
         if err > 0.05:
             missed.append(f"{shape} saturation")
-        speed = host_speed(a, shape, pts)
         at_speed = "- | -"
-        if speed is not None:
-            sim = pts["capacity_sim"] / speed
+        if pts.get("traced"):
+            speed, sim = pts["traced"]["ratio"], pts["traced"]["capacity_sim"]
             at_speed = (f"{speed:.3f} | {sim:.3f} "
                         f"({(sim - pts['capacity']) / pts['capacity']:+.1%})")
         sat_lines.append(
@@ -323,7 +290,7 @@ def report(a):
                     n for n, o in zip(bounds, oks) if not o)) + " |")
     lines.append("\nSaturation (requests sent at once):\n")
     lines.append("| shape | measured req/s | simulated req/s | error | within 5% "
-                 "| probe: burst / profile | simulated at the burst's speed |")
+                 "| burst's steps / charge | simulated at the burst's speed |")
     lines.append("|---|---:|---:|---:|---|---:|---:|")
     lines.extend(sat_lines)
     with open(os.path.join(a.out, "fidelity.md"), "w") as f:
@@ -334,41 +301,46 @@ def report(a):
     return missed
 
 
-def host_speed(a, shape, pts):
-    """Probe time around the burst over probe time after the profile (> 1:
-    the host ran slower during the burst), or None without both."""
-    name = f"probe-profile-{shape}" if a.profile_each_shape else "probe-profile"
-    profiled = probe_ms(a, name)
-    around = [x for x in pts.get("probe_ms", {}).values() if x]
-    if not profiled or not around:
-        return None
-    return sum(around) / len(around) / profiled
-
-
 def step_table(a, shape):
-    """OUT/steps-SHAPE.md: the saturation burst's steps against the profile."""
+    """OUT/steps-SHAPE.md: the saturation burst's steps against the profile;
+    then baton-sim on the burst at the speed they ran (points' "traced")."""
     import step_costs  # scripts/, beside this file
-    with open(os.path.join(a.out, f"points-{shape}.json")) as f:
-        since, until = json.load(f)["saturation_window"]
+    points = os.path.join(a.out, f"points-{shape}.json")
+    with open(points) as f:
+        pts = json.load(f)
+    since, until = pts["saturation_window"]
     folder = os.path.join(a.out, f"steps-{shape}")
     traces = sorted(os.listdir(folder))
     workers = [[s for s in step_costs.load(os.path.join(folder, t))
                 if since <= s["start"] < until] for t in traces]
     profile = a.profile or os.path.join(a.out, f"profile-{shape}.json")
     with open(profile) as f:
-        rows = step_costs.table(json.load(f), workers, 0.02)
+        fits = json.load(f)
+    rows = step_costs.table(fits, workers, 0.02)
     lines = [f"{shape} saturation burst: engine steps against the profile "
-             "(scripts/step_costs.py)\n",
-             "| step | others | steps | forward s | whole s | charged s "
-             "| whole / charged | median per step |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['kind']} | {r['neighbour']} | {r['steps']} | "
-              f"{r['forward_s']:.3f} | {r['whole_s']:.3f} | "
-              f"{r['charged_s']:.3f} | {r['ratio']} | {r['median_ratio']} |"
-              for r in rows]
+             "(scripts/step_costs.py)\n"] + step_costs.markdown(rows)
     with open(os.path.join(a.out, f"steps-{shape}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    ratio = next(r["neighbours_ratio"] for r in rows if r["kind"] == "all")
+    if not ratio:
+        return
+    for phase in ("prefill", "decode"):
+        for c in ("c0", "c1", "c2"):
+            fits[phase][c] *= ratio
+    fits["source"] = (fits.get("source", "") + f"; fits scaled by {ratio} "
+                      "to the speed of the saturation burst's steps")
+    traced = os.path.join(a.out, "raw",
+                          f"{shape}-saturation-traced-profile.json")
+    with open(traced, "w") as f:
+        json.dump(fits, f, indent=2)
+    with open(os.path.join(a.out, "raw", f"{shape}-saturation.json")) as f:
+        burst = json.load(f)
+    sim = simulate(a, shape, f"{shape}-saturation-traced", burst, traced)
+    pts["traced"] = {"ratio": ratio,
+                     "capacity_sim": sim["request_throughput"]}
+    with open(points, "w") as f:
+        json.dump(pts, f, indent=2)
 
 
 def measure_profile(a, path):
@@ -379,11 +351,6 @@ def measure_profile(a, path):
            f"--profile_max_error={a.profile_max_error}")
     if a.quick_profile:
         cmd += " --profile_quick"
-    if a.probe_prompts > 0:
-        name = os.path.basename(path).replace("profile", "probe-profile", 1)
-        cmd += " && " + " ".join(
-            x if x == "--server=$BATON_SERVER" else shlex.quote(x)
-            for x in probe_argv(a, name[:-len(".json")])) + " >/dev/null"
     run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), "1P1D",
          "--no-build", f"--bin={a.bin}", "--", "bash", "-c", cmd])
     return path
@@ -400,8 +367,14 @@ def main(argv):
         a.profile = ""
     elif a.profile:
         a.profile = os.path.abspath(a.profile)
+    elif a.report_only:
+        a.profile = os.path.join(a.out, "profile.json")
     else:
         a.profile = measure_profile(a, os.path.join(a.out, "profile.json"))
+    if a.report_only:
+        for shape in a.shape_list:
+            step_table(a, shape)
+        return check(a)
     for shape in a.shape_list:
         profile = a.profile or measure_profile(
             a, os.path.join(a.out, f"profile-{shape}.json"))
@@ -410,13 +383,17 @@ def main(argv):
                  f"--out={a.out}", f"--bin={a.bin}"] + [
                      f"--{k}={getattr(a, k)}" for k in (
                          "loads", "seeds", "num_prompts", "saturation_prompts",
-                         "probe_prompts",
                          "input_len", "output_len", "range_ratio", "goodput")]
         run(["bash", os.path.join(ROOT, "scripts", "local_cluster.sh"), shape,
              "--no-build", f"--bin={a.bin}",
              f"--step_traces={os.path.join(a.out, f'steps-{shape}')}",
              "--"] + inner)
         step_table(a, shape)
+    return check(a)
+
+
+def check(a):
+    """Writes the tables; 1 when a bound of --check is missed."""
     missed = [m for m in report(a)
               if m.split()[-1] in a.check_list]
     if missed:

@@ -31,7 +31,6 @@ bad "is not a fraction of capacity" --loads=1.5
 bad "'p99' is not one of" --check=p99
 bad "must be positive" --num_prompts=0
 bad "must be a positive fraction" --profile_max_error=0
-bad "must not be negative" --probe_prompts=-1
 echo "fidelity_test: bad options rejected" >&2
 
 "${FIDELITY[@]}" --quick_profile --shapes=1P1D --loads=0.5 --seeds=0 \
@@ -43,7 +42,7 @@ for f in profile.json points-1P1D.json fidelity.md fidelity.json \
   [[ -s "$OUT/run/$f" ]] || fail "missing $f"
 done
 grep -q "| 1P1D | 50% |" "$OUT/run/fidelity.md" || fail "no 1P1D row"
-# The host-speed probe ran after the profile and around the burst.
+# The burst's steps gave the host's speed, and baton-sim ran at it.
 grep -Eq "^\| 1P1D \|.*\| [0-9.]+ \| [0-9.]+ \([-+][0-9.]+%\) \|$" \
   "$OUT/run/fidelity.md" || fail "no host speed in the saturation row"
 grep -q "| prefill |" "$OUT/run/steps-1P1D.md" || fail "no prefill steps traced"
@@ -53,7 +52,11 @@ grep -q "scaled by" "$OUT/run/profile.json" || fail "profile fits not scaled"
 "$PYTHON" - "$OUT/run" <<'EOF' || fail "the replay check above"
 import glob, json, os, sys
 run = sys.argv[1]
-sims = sorted(glob.glob(os.path.join(run, "raw", "*-sim.json")))
+sims = sorted(p for p in glob.glob(os.path.join(run, "raw", "*-sim.json"))
+              if not p.endswith("-traced-sim.json"))
+if not os.path.exists(os.path.join(run, "raw",
+                                   "1P1D-saturation-traced-sim.json")):
+    sys.exit("no simulation at the burst's speed")
 if len(sims) != 2:
     sys.exit(f"expected 2 simulated points, found {len(sims)}")
 for sim_path in sims:

@@ -23,7 +23,10 @@ Prints, per kind of step (prefill only, decode only, mixed) and per what
 the other traces' workers were doing at the step's middle (idle, decoding,
 prefilling: a step with any prompt piece), the steps, their forward and
 whole times, the charged time, and whole / charged over the sums and its
-median per step.
+median per step; then whole over the time charged with the profile's
+neighbor_slowdown too (a step's prefill and decode parts slower by it when
+another worker was busy at its middle, as baton-sim charges workers that
+share a host): over a burst, the host's speed against the profile's.
 """
 
 import argparse
@@ -48,6 +51,14 @@ def charged(profile, items):
     kind = ("mixed" if prefill and decode else
             "prefill" if prefill else "decode")
     return pre, dec, kind
+
+
+def slowdown(profile):
+    """The profile's neighbor_slowdown as (prefill, decode) fractions."""
+    x = profile.get("neighbor_slowdown", 0)
+    if isinstance(x, dict):
+        return x.get("prefill", 0), x.get("decode", 0)
+    return x, x
 
 
 def load(path):
@@ -75,6 +86,7 @@ def table(profile, workers, busy_gap_s):
         for s in steps:
             s["pre"], s["dec"], s["kind"] = charged(profile, s["items"])
     starts = [[s["start"] for s in steps] for steps in workers]
+    slow_pre, slow_dec = slowdown(profile)
     groups = collections.defaultdict(list)
     for w, steps in enumerate(workers):
         for i, s in enumerate(steps):
@@ -89,10 +101,14 @@ def table(profile, workers, busy_gap_s):
             neighbour = ("prefilling" if "prefilling" in others else
                          "decoding" if "decoding" in others else "idle")
             groups[(s["kind"], neighbour)].append(s)
+            busy = neighbour != "idle"
+            s["beside"] = (s["pre"] * (1 + busy * slow_pre) +
+                           s["dec"] * (1 + busy * slow_dec))
     groups[("all", "any")] = [s for steps in workers for s in steps]
     rows = []
     for (kind, neighbour), steps in sorted(groups.items()):
         model = sum(s["pre"] + s["dec"] for s in steps)
+        beside = sum(s["beside"] for s in steps)
         whole = sum(s["whole"] for s in steps)
         rows.append({
             "kind": kind, "neighbour": neighbour, "steps": len(steps),
@@ -101,6 +117,8 @@ def table(profile, workers, busy_gap_s):
             "ratio": round(whole / model, 3) if model > 0 else None,
             "median_ratio": round(statistics.median(
                 s["whole"] / (s["pre"] + s["dec"]) for s in steps), 3),
+            "neighbours_ratio": round(whole / beside, 3) if beside > 0
+            else None,
         })
     return rows
 
@@ -127,13 +145,19 @@ def main():
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| step | others | steps | forward s | whole s | charged s "
-          "| whole / charged | median per step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['kind']} | {r['neighbour']} | {r['steps']} | "
-              f"{r['forward_s']:.3f} | {r['whole_s']:.3f} | "
-              f"{r['charged_s']:.3f} | {r['ratio']} | {r['median_ratio']} |")
+    print("\n".join(markdown(rows)))
+
+
+def markdown(rows):
+    """The table's lines."""
+    return ["| step | others | steps | forward s | whole s | charged s "
+            "| whole / charged | median per step | whole / charged with "
+            "neighbours |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"] + [
+        f"| {r['kind']} | {r['neighbour']} | {r['steps']} | "
+        f"{r['forward_s']:.3f} | {r['whole_s']:.3f} | "
+        f"{r['charged_s']:.3f} | {r['ratio']} | {r['median_ratio']} | "
+        f"{r['neighbours_ratio']} |" for r in rows]
 
 
 if __name__ == "__main__":

@@ -50,6 +50,33 @@ class StepCostsTest(unittest.TestCase):
                                (0.005 + 0.003) / (0.004 + 0.003), places=3)
         self.assertAlmostEqual(rows[("decode", "prefilling")]["ratio"], 2.0)
         self.assertEqual(rows[("all", "any")]["steps"], 4)
+        # No neighbor_slowdown in the profile: both charges agree.
+        self.assertEqual(rows[("all", "any")]["neighbours_ratio"],
+                         rows[("all", "any")]["ratio"])
+
+    def test_busy_neighbours_add_the_profiles_slowdown_to_the_charge(self):
+        workers = [
+            [step(0.0, 0.12, [[0, 100, 1]]),
+             step(0.121, 0.005, [[100, 1, 1], [200, 1, 1]])],
+            [step(0.057, 0.006, [[10, 1, 1]]), step(1.0, 0.003, [[11, 1, 1]])],
+        ]
+        profile = dict(PROFILE,
+                       neighbor_slowdown={"prefill": 0.1, "decode": 0.5})
+        rows = {(r["kind"], r["neighbour"]): r
+                for r in step_costs.table(profile, workers, 0.02)}
+        # The prefill (beside a decode) is charged 0.1 * 1.1, the decode
+        # beside it 0.003 * 1.5; the two steps with an idle neighbour as
+        # before.
+        prefill = rows[("prefill", "decoding")]
+        self.assertAlmostEqual(prefill["neighbours_ratio"], 0.121 / 0.11,
+                               places=3)
+        self.assertAlmostEqual(rows[("all", "any")]["neighbours_ratio"],
+                               0.135 / (0.11 + 0.004 + 0.0045 + 0.003),
+                               places=3)
+        # One number is both fractions.
+        self.assertEqual(step_costs.slowdown({"neighbor_slowdown": 0.2}),
+                         (0.2, 0.2))
+        self.assertEqual(step_costs.slowdown({}), (0, 0))
 
 
 if __name__ == "__main__":
