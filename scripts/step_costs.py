@@ -24,8 +24,8 @@ the other traces' workers were doing at the step's middle (idle, decoding,
 prefilling: a step with any prompt piece), the steps, their forward and
 whole times, the charged time, and whole / charged over the sums and its
 median per step; then whole over the time charged with the profile's
-neighbor_slowdown too (a step's prefill and decode parts slower by it when
-another worker was busy at its middle, as baton-sim charges workers that
+neighbor_slowdown too (a step's prefill and decode parts slower by it for
+each other worker busy at its middle, as baton-sim charges workers that
 share a host): over a burst, the host's speed against the profile's.
 """
 
@@ -101,7 +101,8 @@ def table(profile, workers, busy_gap_s):
             neighbour = ("prefilling" if "prefilling" in others else
                          "decoding" if "decoding" in others else "idle")
             groups[(s["kind"], neighbour)].append(s)
-            busy = neighbour != "idle"
+            # 1 + k·slowdown with k busy others, as baton-sim's SharedHosts.
+            busy = sum(o != "idle" for o in others)
             s["beside"] = (s["pre"] * (1 + busy * slow_pre) +
                            s["dec"] * (1 + busy * slow_dec))
     groups[("all", "any")] = [s for steps in workers for s in steps]

@@ -108,7 +108,7 @@ start_build_beside() {  # build dir: baton_sanitize, the binaries of the
   nice -n 19 ninja -C "$BG_DIR" -j "$JOBS" baton_sanitize >"$BG_DIR/build.log" 2>&1 &
   BG_PID=$!
 }
-finish_build() {  # waits for the background build, then builds what is left
+finish_build() {  # waits for the background build to end
   local rc=0 beside=$(( SECONDS - BG_START ))
   wait "$BG_PID" || rc=$?
   BG_PID=""
