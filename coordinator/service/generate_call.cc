@@ -414,7 +414,12 @@ void GenerateCall::Fail(absl::Status why) {
   }
   RecordEnd(why, v1::FINISH_REASON_UNSPECIFIED);
   if (reactor_ == nullptr) return;
-  if (!streamed_) {
+  // The request's own deadline ends the call with DEADLINE_EXCEEDED even
+  // after tokens were streamed: the client's gRPC deadline fires at the same
+  // moment, and whichever side got there first, the client sees one answer.
+  const bool own_deadline =
+      absl::IsDeadlineExceeded(why) && absl::Now() >= job_.deadline;
+  if (!streamed_ || own_deadline) {
     reactor_->Close(ToGrpcStatus(why));
   } else {
     v1::GenerateResponse out;
