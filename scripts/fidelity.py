@@ -44,7 +44,9 @@
 
 --report_only starts no cluster: it reads a finished run's OUT (the same
 workload flags and --shapes, and --profile_each_shape if the run had it),
-simulates its bursts again at their steps' speed and rewrites the tables.
+runs baton-sim again on everything each point sent (with the run's
+profiles, and for the bursts at their steps' speed too) and rewrites the
+tables: a changed simulator replayed on measured runs.
 
 --check exits 1 when one of the named bounds is missed. The bounds are
 timing goals, for a quiet machine (the clusters use every core): the small
@@ -218,6 +220,29 @@ def points_of(a, shape):
         json.dump(points, f, indent=2)
 
 
+def resimulate(a, shape):
+    """baton-sim again on every point of a finished run of `shape`."""
+    path = os.path.join(a.out, f"points-{shape}.json")
+    with open(path) as f:
+        pts = json.load(f)
+    profile = a.profile or os.path.join(a.out, f"profile-{shape}.json")
+
+    def measured(name):
+        with open(os.path.join(a.out, "raw", f"{name}.json")) as f:
+            return json.load(f)
+
+    name = f"{shape}-saturation"
+    pts["capacity_sim"] = simulate(a, shape, name, measured(name),
+                                   profile)["request_throughput"]
+    for point in pts["loads"]:
+        for seed in point["seeds"]:
+            name = f"{shape}-l{point['load']}-s{seed['seed']}"
+            seed["simulated"] = figures(
+                simulate(a, shape, name, measured(name), profile))
+    with open(path, "w") as f:
+        json.dump(pts, f, indent=2)
+
+
 def mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -373,6 +398,7 @@ def main(argv):
         a.profile = measure_profile(a, os.path.join(a.out, "profile.json"))
     if a.report_only:
         for shape in a.shape_list:
+            resimulate(a, shape)
             step_table(a, shape)
         return check(a)
     for shape in a.shape_list:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/sim/prefix_model.h"
 #include "bench/sim/shared_hosts.h"
+#include "bench/sim/step_queue.h"
 #include "common/check.h"
 #include "coordinator/routing_policy.h"
 #include "worker/engine/prefill_rate.h"
@@ -25,12 +27,13 @@ using coordinator::WorkerRole;
 constexpr char kModel[] = "sim";
 
 struct Worker {
+  explicit Worker(const WorkerProfile& p)
+      : queue(p.max_num_seqs, p.max_batch_tokens) {}
   WorkerRole role = WorkerRole::kBoth;
-  std::deque<int> prompts;  // waiting for prefill, first come first served
-  std::deque<int> line;     // waiting for a KV reservation here (decode)
-  std::deque<int> joining;  // KV landed, waiting for a batch slot
-  std::vector<int> running;
-  std::vector<int> in_step;  // prompts prefilled by the current step
+  // Prompts to prefill and sequences running, as the engine orders them.
+  StepQueue queue;
+  std::deque<int> line;  // waiting for a KV reservation here (decode)
+  std::vector<StepQueue::Item> in_step;  // what the current step computes
   int64_t free_blocks = 0;
   int64_t queued_prefill_tokens = 0;
   // Requests decoding here, as the coordinator counts them
@@ -50,7 +53,7 @@ struct Request {
   int decode = -1;  // the worker holding its KV blocks (colocated: prefill)
   int64_t blocks = 0;
   int64_t generated = 0;
-  double prefill_start = 0;
+  double prefill_start = 0;  // of the step that ends its prompt
   double last_token = 0;
   std::vector<BlockHash> chain;  // full prompt blocks, while in flight
   int64_t transfer_tokens = 0;   // those its decode worker lacks
@@ -150,7 +153,7 @@ class Simulation {
       info.load.kv_blocks_free = p_.kv_blocks;
       by_id_[info.ref.id] = static_cast<int>(workers_.size());
       prefix_->AddWorker(info.ref.id, p_.kv_blocks);
-      Worker& w = workers_.emplace_back();
+      Worker& w = workers_.emplace_back(p_);
       w.role = role;
       w.free_blocks = p_.kv_blocks;
       w.pool = pool;
@@ -176,7 +179,7 @@ class Simulation {
     coordinator::WorkerLoad& load = (*worker.pool)[worker.pool_index].load;
     load.queued_prefill_tokens = worker.queued_prefill_tokens;
     load.running_sequences = static_cast<int32_t>(
-        worker.role == WorkerRole::kPrefill ? worker.running.size()
+        worker.role == WorkerRole::kPrefill ? worker.queue.num_running()
                                             : worker.sequences);
     load.kv_blocks_free = worker.free_blocks;
     load.queued_reservations = static_cast<int32_t>(worker.line.size());
@@ -273,7 +276,7 @@ class Simulation {
     BATON_CHECK(w >= 0);
     req.prefill = w;
     Worker& worker = workers_[static_cast<size_t>(w)];
-    worker.prompts.push_back(r);
+    worker.queue.AddWaiting(r, req.in.input_len);
     worker.queued_prefill_tokens += req.in.input_len;
     if (worker.role == WorkerRole::kBoth) ++worker.sequences;
     Sync(w);
@@ -348,59 +351,25 @@ class Simulation {
   void MaybeStep(int w) {
     Worker& worker = workers_[static_cast<size_t>(w)];
     if (worker.busy) return;
-    // Prompts this step prefills: whole ones, first come first served, up
-    // to the token budget (at least one); colocated ones only once their
-    // blocks fit.
+    // As the engine: running sequences first (decodes, prompts' next
+    // chunks), then waiting prompts, under the step's token budget;
+    // colocated prompts start only once their blocks fit.
+    worker.queue.Schedule([&](int r) { return Admit(w, r); }, &worker.in_step);
+    if (worker.in_step.empty()) return;
     std::vector<PrefillPiece> pieces;
-    int64_t tokens = 0;
-    while (!worker.prompts.empty() && worker.role != WorkerRole::kDecode) {
-      const int r = worker.prompts.front();
-      Request& req = requests_[static_cast<size_t>(r)];
-      if (!pieces.empty() && tokens + req.in.input_len > p_.max_batch_tokens) {
-        break;
-      }
-      if (worker.role == WorkerRole::kBoth) {
-        const int64_t need =
-            coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
-        if (need > worker.free_blocks) break;
-        req.decode = w;
-        req.blocks = need;
-        worker.free_blocks -= need;
-      }
-      worker.prompts.pop_front();
-      req.prefill_start = now_;
-      // Computed on top of the cached prefix; a fully cached prompt still
-      // computes its last token.
-      const int64_t capacity =
-          worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
-      const int64_t cached =
-          std::min(prefix_->Use(w, req.chain, capacity) * p_.block_size,
-                   req.in.input_len - 1);
-      result_.records[static_cast<size_t>(r)].cached_tokens =
-          static_cast<int>(cached);
-      result_.prompt_tokens += req.in.input_len;
-      result_.cached_tokens += cached;
-      pieces.push_back({cached, req.in.input_len - cached});
-      tokens += req.in.input_len;
-      worker.in_step.push_back(r);
-    }
-    while (!worker.joining.empty() &&
-           static_cast<int64_t>(worker.running.size()) < p_.max_num_seqs) {
-      worker.running.push_back(worker.joining.front());
-      worker.joining.pop_front();
-    }
-    double prefill_s = 0, decode_s = 0;
-    if (!pieces.empty()) prefill_s = PrefillSeconds(p_, pieces);
-    if (!worker.running.empty()) {
-      int64_t context = 0;
-      for (int r : worker.running) {
-        const Request& req = requests_[static_cast<size_t>(r)];
+    int64_t context = 0, batch = 0;
+    for (const StepQueue::Item& item : worker.in_step) {
+      Request& req = requests_[static_cast<size_t>(item.r)];
+      if (item.decode) {
         context += req.in.input_len + req.generated;
+        ++batch;
+        continue;
       }
-      decode_s = DecodeSeconds(p_, context,
-                               static_cast<int64_t>(worker.running.size()));
+      pieces.push_back({item.start, item.tokens});
+      if (item.samples) req.prefill_start = now_;
     }
-    if (pieces.empty() && worker.running.empty()) return;
+    const double prefill_s = pieces.empty() ? 0 : PrefillSeconds(p_, pieces);
+    const double decode_s = batch == 0 ? 0 : DecodeSeconds(p_, context, batch);
     worker.busy = true;
     worker.step_start = now_;
     // Its end, and those of its host's other steps, which it slows down.
@@ -409,54 +378,78 @@ class Simulation {
     Sync(w);
   }
 
+  // A waiting prompt of worker `w` starts: the tokens its cache holds, or
+  // nullopt while a colocated one's blocks do not fit.
+  std::optional<int64_t> Admit(int w, int r) {
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    Request& req = requests_[static_cast<size_t>(r)];
+    if (worker.role == WorkerRole::kBoth) {
+      const int64_t need =
+          coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
+      if (need > worker.free_blocks) return std::nullopt;
+      req.decode = w;
+      req.blocks = need;
+      worker.free_blocks -= need;
+    }
+    // Computed on top of the cached prefix (StepQueue keeps the last token).
+    const int64_t capacity =
+        worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
+    const int64_t cached =
+        std::min(prefix_->Use(w, req.chain, capacity) * p_.block_size,
+                 req.in.input_len - 1);
+    result_.records[static_cast<size_t>(r)].cached_tokens =
+        static_cast<int>(cached);
+    result_.prompt_tokens += req.in.input_len;
+    result_.cached_tokens += cached;
+    return cached;
+  }
+
   void StepDone(int w) {
     Worker& worker = workers_[static_cast<size_t>(w)];
-    worker.busy = false;
     hosts_->Finish(w, now_, &ends_);
     PushEnds();
-    // Decode first: the running batch's tokens.
-    std::vector<int> still;
-    for (int r : worker.running) {
-      Token(r);
-      if (Done(r)) {
-        Finish(r);
-      } else {
-        still.push_back(r);
-      }
-    }
-    worker.running = std::move(still);
+    // Still busy while its tokens are handed out: a request this frees room
+    // for may be routed here, and starts with the next step.
+    // Kept for the next step's items (MaybeStep refills it).
+    std::vector<StepQueue::Item>& items = worker.in_step;
+    worker.queue.Advance(items);
     int64_t prompt_tokens = 0;
-    for (int r : worker.in_step) {
+    for (const StepQueue::Item& item : items) {
+      if (!item.decode) prompt_tokens += item.tokens;
+      if (!item.samples) continue;
+      const int r = item.r;
       Request& req = requests_[static_cast<size_t>(r)];
-      prompt_tokens += req.in.input_len;
-      worker.queued_prefill_tokens -= req.in.input_len;
-      // A prefill worker keeps the prompt's blocks cached; a colocated one
-      // holds them for the request and caches them when it ends (Free).
-      if (worker.role == WorkerRole::kPrefill) {
-        prefix_->Store(w, req.chain, p_.kv_blocks);
+      if (!item.decode) {
+        worker.queued_prefill_tokens -= req.in.input_len;
+        // A prefill worker keeps the prompt's blocks cached; a colocated one
+        // holds them for the request and caches them when it ends (Free).
+        if (worker.role == WorkerRole::kPrefill) {
+          prefix_->Store(w, req.chain, p_.kv_blocks);
+        }
       }
       Token(r);
       if (Done(r)) {
+        worker.queue.Remove(r);
         Finish(r);
-      } else if (worker.role == WorkerRole::kBoth) {
-        worker.joining.push_back(r);
-      } else {
-        // The transfer overlaps the prefill layer by layer.
+      } else if (worker.role == WorkerRole::kPrefill) {
+        worker.queue.Remove(r);
+        // The transfer overlaps the prompt's last step layer by layer.
         Push(std::max(now_, req.prefill_start +
                                 TransferSeconds(p_, req.transfer_tokens)),
              EventType::kKvLanded, r);
       }
     }
-    worker.in_step.clear();
     worker.rate.Record(prompt_tokens, now_ - worker.step_start);
+    worker.busy = false;
     Sync(w);
     MaybeStep(w);
   }
 
   void KvLanded(int r) {
-    const int w = requests_[static_cast<size_t>(r)].decode;
-    workers_[static_cast<size_t>(w)].joining.push_back(r);
-    MaybeStep(w);
+    const Request& req = requests_[static_cast<size_t>(r)];
+    workers_[static_cast<size_t>(req.decode)].queue.AddRunning(
+        r, req.in.input_len);
+    MaybeStep(req.decode);
   }
 
   const SimOptions& options_;

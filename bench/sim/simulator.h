@@ -8,20 +8,22 @@
 //   arrival → admission (refused: RESOURCE_EXHAUSTED at arrival) →
 //   split: a decode worker's KV reservation for prompt + output (none with
 //   room: the line of the worker PickDecodeQueue names, first come first
-//   served) → the prefill worker the policy picks (its queue, first come
-//   first served; a step takes whole prompts up to max_batch_tokens, at
-//   least one) → first token at the end of its prefill step → the KV
-//   transfer, which overlaps the prefill layer by layer and so ends at
-//   max(prefill end, prefill start + transfer time) → the decode worker's
-//   running batch (up to max_num_seqs; one token per sequence per step) →
-//   the last token frees the reservation. With prompt piece ids, every
+//   served) → the prefill worker the policy picks (its steps composed as
+//   the engine's Scheduler composes them, step_queue.h: prompts chunked
+//   under max_batch_tokens, first come first served, up to max_num_seqs at
+//   once) → first token at the end of the step that runs the prompt's last
+//   chunk → the KV transfer, which overlaps that step layer by layer and
+//   so ends at max(its end, its start + transfer time) → the decode
+//   worker's running sequences (one token each per step, within the token
+//   budget) → the last token frees the reservation. With prompt piece ids, every
 //   worker caches full prompt blocks (prefix_model.h): routing weighs the
 //   coordinator's PrefixIndex of them, a prefill computes only what its
 //   worker lacks (a fully cached prompt still its last token), and a KV
 //   transfer carries only the blocks its decode worker lacks.
 //   colocated (`both` workers only): the worker's queue; a prompt starts
-//   when its prompt + output blocks fit; each step prefills the prompts it
-//   takes and decodes the running batch, and lasts the sum of both times.
+//   when its prompt + output blocks fit; each step decodes the running
+//   sequences and prefills chunks of prompts (step_queue.h), and lasts the
+//   sum of both times.
 // Workers that share a host (workers_per_host) slow each other's steps by
 // the profile's neighbor_slowdown (its prefill and its decode part each by
 // its own fraction), as the steps start.

@@ -67,12 +67,13 @@ TEST(SimulatorTest, OnePrefillWorkerIsAnMD1Queue) {
 
 TEST(SimulatorTest, SaturatedThroughputIsTheSlowerPoolsRate) {
   // Everything arrives at once: 2 prefill workers at 10 prompts/s each,
-  // one decode worker with a batch cap of 4 and 10 steps of 0.05 s per
-  // request (20 requests/s at most... 4 / 0.5 s = 8/s): decode bounds it.
+  // one decode worker whose steps take 12.5 ms per sequence in the batch,
+  // 10 steps per request (20 requests/s at most... 1 / 0.125 s = 8/s
+  // whatever the batch): decode bounds it.
   SimOptions options;
   ASSERT_TRUE(ParseShape("2P1D", &options).ok());
-  options.profile = FixedProfile(0.1, 0.05, 64);
-  options.profile.max_num_seqs = 4;
+  options.profile = FixedProfile(0.1, 0, 64);
+  options.profile.decode.c2 = 0.0125;
   std::vector<SimRequest> requests(400, SimRequest{0, 64, 11});
   auto result = Simulate(options, requests);
   ASSERT_TRUE(result.ok()) << result.status();
