@@ -24,9 +24,11 @@ the other traces' workers were doing at the step's middle (idle, decoding,
 prefilling: a step with any prompt piece), the steps, their forward and
 whole times, the charged time, and whole / charged over the sums and its
 median per step; then whole over the time charged with the profile's
-neighbor_slowdown too (a step's prefill and decode parts slower by it for
-each other worker busy at its middle, as baton-sim charges workers that
-share a host): over a burst, the host's speed against the profile's.
+neighbor_slowdown too, as baton-sim charges workers that share a host (a
+step that prefills slower by its prefill fraction for each other worker
+busy at the step's middle, a decode-only step by its decode fraction for
+each other that prefills then): over a burst, the host's speed against the
+profile's.
 """
 
 import argparse
@@ -101,10 +103,15 @@ def table(profile, workers, busy_gap_s):
             neighbour = ("prefilling" if "prefilling" in others else
                          "decoding" if "decoding" in others else "idle")
             groups[(s["kind"], neighbour)].append(s)
-            # 1 + k·slowdown with k busy others, as baton-sim's SharedHosts.
+            # As baton-sim's SharedHosts: a step that prefills is slower by
+            # the prefill fraction per busy other, a decode-only step by the
+            # decode fraction per other that prefills.
             busy = sum(o != "idle" for o in others)
-            s["beside"] = (s["pre"] * (1 + busy * slow_pre) +
-                           s["dec"] * (1 + busy * slow_dec))
+            if s["pre"] > 0:
+                s["beside"] = (s["pre"] + s["dec"]) * (1 + busy * slow_pre)
+            else:
+                prefilling = sum(o == "prefilling" for o in others)
+                s["beside"] = s["dec"] * (1 + prefilling * slow_dec)
     groups[("all", "any")] = [s for steps in workers for s in steps]
     rows = []
     for (kind, neighbour), steps in sorted(groups.items()):

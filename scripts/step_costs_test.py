@@ -73,6 +73,22 @@ class StepCostsTest(unittest.TestCase):
         self.assertAlmostEqual(rows[("all", "any")]["neighbours_ratio"],
                                0.135 / (0.11 + 0.004 + 0.0045 + 0.003),
                                places=3)
+        # Two decode-only steps side by side are charged as if alone; a
+        # mixed step beside a decode is slower by the prefill fraction,
+        # whole, and that decode beside it by the decode fraction.
+        pair = [[step(2.0, 0.01, [[50, 1, 1]]),
+                 step(3.0, 0.2, [[0, 100, 1], [60, 1, 1]])],
+                [step(1.996, 0.01, [[70, 1, 1]]),
+                 step(3.09, 0.02, [[71, 1, 1]])]]
+        rows = {(r["kind"], r["neighbour"]): r
+                for r in step_costs.table(profile, pair, 0.02)}
+        self.assertAlmostEqual(rows[("decode", "decoding")]["neighbours_ratio"],
+                               (0.01 + 0.01) / (2 * 0.003), places=3)
+        self.assertAlmostEqual(rows[("mixed", "decoding")]["neighbours_ratio"],
+                               0.2 / ((0.1 + 0.003) * 1.1), places=3)
+        self.assertAlmostEqual(
+            rows[("decode", "prefilling")]["neighbours_ratio"],
+            0.02 / (0.003 * 1.5), places=3)
         # One number is both fractions.
         self.assertEqual(step_costs.slowdown({"neighbor_slowdown": 0.2}),
                          (0.2, 0.2))
