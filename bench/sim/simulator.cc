@@ -265,9 +265,18 @@ class Simulation {
     ++worker.sequences;
     BATON_CHECK(worker.free_blocks >= 0);
     // The transfer carries only the blocks this worker's cache lacks.
-    const int64_t held = prefix_->Use(w, req.chain, worker.free_blocks);
+    const int64_t held =
+        Shareable(r, prefix_->Use(w, req.chain, worker.free_blocks));
     req.transfer_tokens = req.in.input_len - held * p_.block_size;
     Sync(w);
+  }
+
+  // Of `held` cached blocks of r's prompt, those a worker shares: the full
+  // blocks before the one holding the last token, which the engine always
+  // computes (Scheduler::Admit; a KV import pins the same).
+  int64_t Shareable(int r, int64_t held) const {
+    const int64_t len = requests_[static_cast<size_t>(r)].in.input_len;
+    return std::min(held, (len - 1) / p_.block_size);
   }
 
   void SendToPrefill(int r, Candidates* pool) {
@@ -391,12 +400,11 @@ class Simulation {
       req.blocks = need;
       worker.free_blocks -= need;
     }
-    // Computed on top of the cached prefix (StepQueue keeps the last token).
+    // Computed on top of the cached prefix.
     const int64_t capacity =
         worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
     const int64_t cached =
-        std::min(prefix_->Use(w, req.chain, capacity) * p_.block_size,
-                 req.in.input_len - 1);
+        Shareable(r, prefix_->Use(w, req.chain, capacity)) * p_.block_size;
     result_.records[static_cast<size_t>(r)].cached_tokens =
         static_cast<int>(cached);
     result_.prompt_tokens += req.in.input_len;

@@ -15,11 +15,12 @@
 //   chunk → the KV transfer, which overlaps that step layer by layer and
 //   so ends at max(its end, its start + transfer time) → the decode
 //   worker's running sequences (one token each per step, within the token
-//   budget) → the last token frees the reservation. With prompt piece ids, every
-//   worker caches full prompt blocks (prefix_model.h): routing weighs the
+//   budget) → the last token frees the reservation. With prompt piece ids,
+//   every worker caches full prompt blocks (prefix_model.h): routing weighs the
 //   coordinator's PrefixIndex of them, a prefill computes only what its
-//   worker lacks (a fully cached prompt still its last token), and a KV
-//   transfer carries only the blocks its decode worker lacks.
+//   worker lacks (a fully cached prompt still the block of its last
+//   token, as the engine), and a KV transfer carries only the blocks its
+//   decode worker lacks (never that last block either).
 //   colocated (`both` workers only): the worker's queue; a prompt starts
 //   when its prompt + output blocks fit; each step decodes the running
 //   sequences and prefills chunks of prompts (step_queue.h), and lasts the

@@ -86,6 +86,28 @@ TEST(SimulatorTest, SaturatedThroughputIsTheSlowerPoolsRate) {
   }
 }
 
+TEST(SimulatorTest, ALongPromptIsChunkedBesideTheRunningDecodes) {
+  // One colocated worker, 1 ms a prompt token, 1 ms a decode step, 512
+  // tokens a step: a 2,000-token prompt arriving while a short request
+  // decodes is prefilled in four chunks with one decode token in each step,
+  // as the engine's scheduler does, not in one 2-second step.
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1C", &options).ok());
+  options.profile = FixedProfile(0, 0.001, 512);
+  options.profile.prefill.c1 = 0.001;
+  const std::vector<SimRequest> requests = {SimRequest{0, 16, 10},
+                                            SimRequest{0.001, 2000, 1}};
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const bench::RequestRecord& short_one = result->records[0];
+  const bench::RequestRecord& long_one = result->records[1];
+  ASSERT_EQ(short_one.itl_ms.size(), 9u);
+  for (double gap : short_one.itl_ms) EXPECT_LT(gap, 520);
+  // After the short prompt's 16 ms step: 511 + 511 + 511 + 467 tokens, each
+  // step with one decode token beside them (1 ms).
+  EXPECT_NEAR(long_one.ttft_ms, 16 + 2000 + 4 - 1, 1e-6);
+}
+
 TEST(SimulatorTest, WorkersOfOneHostSlowEachOtherDown) {
   // Two colocated workers, saturated: every step starts while the other
   // computes (but the very first), so with a 10% neighbour slowdown of

@@ -32,9 +32,9 @@ void StepQueue::Schedule(const Admit& admit, std::vector<Item>* items) {
     Seq s = waiting_.front();
     const std::optional<int64_t> cached = admit(s.r);
     if (!cached.has_value()) break;
+    BATON_CHECK(*cached >= 0 && *cached < s.prompt);
     waiting_.pop_front();
-    // A fully cached prompt still computes its last token.
-    s.cached = std::clamp<int64_t>(*cached, 0, s.prompt - 1);
+    s.cached = *cached;
     const int64_t n = std::min(s.prompt - s.cached, budget);
     items->push_back({s.r, s.cached, n, s.cached + n == s.prompt, false});
     running_.push_back(s);

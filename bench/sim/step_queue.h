@@ -9,7 +9,7 @@
 //   3. imported sequences (a decode worker's landed KV) join the running
 //      ones directly and count against max_num_seqs for admissions only.
 // Preemption is not modelled: the simulator reserves a request's blocks in
-// full before it runs. baton_sim_test checks the composition step by step
+// full before it runs. step_queue_test checks the composition step by step
 // against the real Scheduler.
 #ifndef BATON_BENCH_SIM_STEP_QUEUE_H_
 #define BATON_BENCH_SIM_STEP_QUEUE_H_
@@ -39,9 +39,9 @@ class StepQueue {
     bool samples;    // the step ends its prompt or is a decode
     bool decode;     // one token of output (its prompt is cached)
   };
-  // Admission of a waiting prompt: the tokens its prefix cache holds (it is
-  // prefilled from there), or nullopt when it cannot start now (it and the
-  // prompts behind it wait).
+  // Admission of a waiting prompt: the tokens its prefix cache holds, fewer
+  // than the prompt's (it is prefilled from there), or nullopt when it
+  // cannot start now (it and the prompts behind it wait).
   using Admit = std::function<std::optional<int64_t>(int r)>;
   // Replaces *items with the next step's (none when there is nothing to
   // do). Items start where the last step left their sequence: call Advance

@@ -58,14 +58,14 @@ TEST(StepQueueTest, AdmissionStopsAtTheSeqLimitAndAtARefusal) {
   EXPECT_EQ(refusing.num_waiting(), 2);
 }
 
-TEST(StepQueueTest, AFullyCachedPromptComputesItsLastToken) {
+TEST(StepQueueTest, ACachedPrefixIsNotFedAgain) {
   StepQueue q(4, 100);
   q.AddWaiting(0, 32);
   std::vector<StepQueue::Item> step;
-  q.Schedule([](int) -> std::optional<int64_t> { return 32; }, &step);
+  q.Schedule([](int) -> std::optional<int64_t> { return 16; }, &step);
   ASSERT_EQ(step.size(), 1u);
-  EXPECT_EQ(step[0].start, 31);
-  EXPECT_EQ(step[0].tokens, 1);
+  EXPECT_EQ(step[0].start, 16);
+  EXPECT_EQ(step[0].tokens, 16);
   EXPECT_TRUE(step[0].samples);
 }
 

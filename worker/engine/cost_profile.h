@@ -56,9 +56,12 @@ struct WorkerProfile {
   // KV pool of one worker, in blocks of block_size tokens.
   int64_t kv_blocks = 4096;
   int64_t block_size = 16;
-  // Prompt tokens one prefill step takes (at least one whole prompt).
+  // Tokens one engine step feeds: prompt chunks and one per decode
+  // (SchedulerOptions::max_num_batched_tokens).
   int64_t max_batch_tokens = 512;
-  // Sequences in one decode batch.
+  // Sequences admitted at once from the waiting prompts
+  // (SchedulerOptions::max_num_seqs; a decode worker's landed requests
+  // join beyond it).
   int64_t max_num_seqs = 64;
   // How much slower a step's prefill and its decode run while another
   // worker of the same host computes (shared cores, caches and memory
