@@ -61,12 +61,20 @@ class Unary final : public ::grpc::ClientUnaryReactor {
   bool await_ready() const noexcept { return false; }
   bool await_suspend(std::coroutine_handle<> awaiter) {
     awaiter_ = awaiter;
-    BATON_TSAN_RELEASE(this);
     start_(static_cast<::grpc::ClientUnaryReactor*>(this));
+    // After start_, which built gRPC's call object on this thread: its
+    // first reaction on a gRPC thread (below) then sees that construction.
+    BATON_TSAN_RELEASE(this);
     StartCall();
     return !done_.Arrive();
   }
   ::grpc::Status await_resume() { return std::move(status_); }
+
+  // gRPC's start reaction calls this before it counts down the call's
+  // outstanding callbacks, an access to the object built in await_suspend.
+  void OnReadInitialMetadataDone(bool /*ok*/) override {
+    BATON_TSAN_ACQUIRE(this);
+  }
 
   // gRPC's last reaction: nothing of the call is touched after it.
   void OnDone(const ::grpc::Status& status) override {
