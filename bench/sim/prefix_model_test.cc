@@ -113,6 +113,26 @@ TEST(SimulatorPrefixTest, ASharedPrefixIsComputedOnce) {
   }
 }
 
+// A prefill worker publishes a chunked prompt's full blocks after each of
+// its steps, as the engine does: a prompt admitted while another with the
+// same prefix is still being chunked reuses what was computed so far.
+TEST(SimulatorPrefixTest, AChunkedPromptIsSharedBeforeItsLastChunk) {
+  SimOptions options;
+  ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+  options.profile = TokenProfile();
+  options.profile.max_batch_tokens = 256;
+  // 1,000 tokens in chunks of 256, 256, 256 and 232: the second prompt,
+  // there since the first chunk, is admitted beside the last one (24
+  // tokens of room), when 768 tokens of the first (its piece 1 whole) are
+  // cached.
+  const std::vector<SimRequest> requests = {Prompt(0, 1000, {1, 2}),
+                                            Prompt(0.1, 600, {1, 3})};
+  auto result = Simulate(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->records[0].cached_tokens, 0);
+  EXPECT_EQ(result->records[1].cached_tokens, 512);
+}
+
 // Least-loaded routing weighs the coordinator's PrefixIndex: the next turn
 // of a conversation goes back to the prefill worker that holds it.
 TEST(SimulatorPrefixTest, RoutingFollowsTheCachedPrefix) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <span>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -365,20 +366,19 @@ class Simulation {
     // colocated prompts start only once their blocks fit.
     worker.queue.Schedule([&](int r) { return Admit(w, r); }, &worker.in_step);
     if (worker.in_step.empty()) return;
-    std::vector<PrefillPiece> pieces;
-    int64_t context = 0, batch = 0;
+    StepWork work;
     for (const StepQueue::Item& item : worker.in_step) {
       Request& req = requests_[static_cast<size_t>(item.r)];
       if (item.decode) {
-        context += req.in.input_len + req.generated;
-        ++batch;
+        // Feeds the last token sampled: the context holds it after.
+        work.Add(req.in.input_len + req.generated - 1, 1);
         continue;
       }
-      pieces.push_back({item.start, item.tokens});
+      work.Add(item.start, item.tokens);
       if (item.samples) req.prefill_start = now_;
     }
-    const double prefill_s = pieces.empty() ? 0 : PrefillSeconds(p_, pieces);
-    const double decode_s = batch == 0 ? 0 : DecodeSeconds(p_, context, batch);
+    const double prefill_s = work.PrefillPart(p_);
+    const double decode_s = work.DecodePart(p_);
     worker.busy = true;
     worker.step_start = now_;
     // Its end, and those of its host's other steps, which it slows down.
@@ -417,24 +417,27 @@ class Simulation {
     hosts_->Finish(w, now_, &ends_);
     PushEnds();
     // Still busy while its tokens are handed out: a request this frees room
-    // for may be routed here, and starts with the next step.
-    // Kept for the next step's items (MaybeStep refills it).
+    // for starts with the next step. (MaybeStep refills the items.)
     std::vector<StepQueue::Item>& items = worker.in_step;
     worker.queue.Advance(items);
     int64_t prompt_tokens = 0;
     for (const StepQueue::Item& item : items) {
-      if (!item.decode) prompt_tokens += item.tokens;
-      if (!item.samples) continue;
       const int r = item.r;
       Request& req = requests_[static_cast<size_t>(r)];
       if (!item.decode) {
-        worker.queued_prefill_tokens -= req.in.input_len;
-        // A prefill worker keeps the prompt's blocks cached; a colocated one
-        // holds them for the request and caches them when it ends (Free).
+        prompt_tokens += item.tokens;
+        // A prefill worker publishes a prompt's full blocks after each of
+        // its chunks, as the engine does; a colocated one holds them for the
+        // request and caches them when it ends (Free).
         if (worker.role == WorkerRole::kPrefill) {
-          prefix_->Store(w, req.chain, p_.kv_blocks);
+          const auto full = std::min(
+              req.chain.size(),
+              static_cast<size_t>((item.start + item.tokens) / p_.block_size));
+          prefix_->Store(w, std::span(req.chain).first(full), p_.kv_blocks);
         }
       }
+      if (!item.samples) continue;
+      if (!item.decode) worker.queued_prefill_tokens -= req.in.input_len;
       Token(r);
       if (Done(r)) {
         worker.queue.Remove(r);

@@ -299,5 +299,29 @@ TEST(ProfileTest, ParsesAndNamesTheBadField) {
   EXPECT_THAT(ParseProfile(bad).status().message(), HasSubstr("integer"));
 }
 
+// The step pricing the simulated engine and baton-sim share: prompt pieces
+// on top of what the cache holds, and one token after the first as a decode
+// (a prompt's one-token last chunk too), with known figures.
+TEST(ProfileTest, AStepIsPricedByItsPromptPiecesAndItsDecodes) {
+  WorkerProfile p;
+  p.prefill = {0.001, 1e-4, 1e-8};
+  p.decode = {0.002, 1e-7, 1e-4};
+  StepWork none;
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.PrefillPart(p), 0);
+  EXPECT_EQ(none.DecodePart(p), 0);
+  StepWork work;
+  work.Add(0, 100);  // a whole prompt
+  work.Add(64, 36);  // a chunk on top of 64 tokens
+  work.Add(99, 1);   // a decode feeding position 99
+  work.Add(200, 1);  // a prompt's last chunk of one token: a decode
+  work.Add(0, 1);    // a one-token prompt: a prompt piece
+  EXPECT_FALSE(work.empty());
+  EXPECT_DOUBLE_EQ(work.PrefillPart(p),
+                   0.001 + 1e-4 * (100 + 36 + 1) +
+                       1e-8 * (100.0 * 100 + (100.0 * 100 - 64.0 * 64) + 1));
+  EXPECT_DOUBLE_EQ(work.DecodePart(p), 0.002 + 1e-7 * (100 + 201) + 1e-4 * 2);
+}
+
 }  // namespace
 }  // namespace baton::sim

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +98,41 @@ double PrefillSeconds(const WorkerProfile& p,
 double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch);
 double TransferSeconds(const WorkerProfile& p, int64_t tokens);
+
+// One engine step as the cost model prices it, built item by item: the
+// simulated engine (its forward pass) and baton-sim (its steps) both price
+// a step through it, so the two agree on what each part of a batch costs.
+class StepWork {
+ public:
+  // A sequence fed `tokens` tokens on top of the `start` its cache holds.
+  // One token after the first is a decode (memory-bound, what the decode
+  // fit measures), a prompt's last chunk of one token included; anything
+  // else is a prompt piece.
+  void Add(int64_t start, int64_t tokens) {
+    if (tokens == 1 && start > 0) {
+      ++decode_batch_;
+      decode_context_ += start + 1;
+    } else {
+      prompts_.push_back({start, tokens});
+    }
+  }
+  // Seconds of the step's prompt pieces and of its decode batch (0 for a
+  // part it lacks): SharedHosts slows each down by its own fraction.
+  double PrefillPart(const WorkerProfile& p) const {
+    return prompts_.empty() ? 0 : PrefillSeconds(p, prompts_);
+  }
+  double DecodePart(const WorkerProfile& p) const {
+    return decode_batch_ == 0
+               ? 0
+               : DecodeSeconds(p, decode_context_, decode_batch_);
+  }
+  bool empty() const { return prompts_.empty() && decode_batch_ == 0; }
+
+ private:
+  std::vector<PrefillPiece> prompts_;
+  int64_t decode_batch_ = 0;
+  int64_t decode_context_ = 0;  // Σ tokens each decode attends to
+};
 
 }  // namespace baton
 

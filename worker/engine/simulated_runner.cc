@@ -24,8 +24,8 @@ class SimulatedRunner : public ForwardRunner {
   absl::Status Forward(std::span<const ForwardItem> items,
                        std::vector<float>* logits,
                        const LayerDoneFn& on_layer_done) override {
-    std::vector<PrefillPiece> prompt_pieces;
-    int64_t decode_batch = 0, context = 0, rows = 0;
+    StepWork work;
+    int64_t rows = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       const ForwardItem& item = items[i];
       if (item.table == nullptr || item.tokens.empty() ||
@@ -35,23 +35,13 @@ class SimulatedRunner : public ForwardRunner {
             " must equal the tokens its cache holds, with tokens to feed"));
       }
       const int64_t n = static_cast<int64_t>(item.tokens.size());
-      if (n == 1 && item.start_pos > 0) {
-        ++decode_batch;
-        context += item.start_pos + 1;
-      } else {
-        prompt_pieces.push_back({item.start_pos, n});
-      }
+      work.Add(item.start_pos, n);
       rows += item.logits == LogitsMode::kNone   ? 0
               : item.logits == LogitsMode::kLast ? 1
                                                  : n;
     }
-    double seconds = 0;
-    if (!prompt_pieces.empty()) {
-      seconds += PrefillSeconds(profile_, prompt_pieces);
-    }
-    if (decode_batch > 0) {
-      seconds += DecodeSeconds(profile_, context, decode_batch);
-    }
+    const double seconds =
+        work.PrefillPart(profile_) + work.DecodePart(profile_);
     // The layers are released at an even pace, in slices of at least
     // kMinSlice: a sleep per layer would cost a wake-up per layer, and the
     // CPU of dozens of simulated workers sharing a core is what a scale
