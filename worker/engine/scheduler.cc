@@ -102,4 +102,16 @@ std::vector<ScheduledItem> Scheduler::Schedule(
   return items;
 }
 
+void PublishFullBlocks(const BlockHash& root, BlockAllocator& allocator,
+                       Sequence* seq) {
+  const int64_t block_size = allocator.block_size();
+  const int64_t full = seq->num_cached / block_size;
+  if (full <= seq->num_published) return;
+  ExtendBlockHashes(root, seq->tokens, block_size, full, &seq->block_hashes);
+  for (int64_t i = seq->num_published; i < full; ++i) {
+    allocator.Publish(seq->table, i, seq->block_hashes[static_cast<size_t>(i)]);
+  }
+  seq->num_published = full;
+}
+
 }  // namespace baton

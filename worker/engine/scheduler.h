@@ -89,6 +89,15 @@ class Scheduler {
   std::vector<Sequence*> running_;  // admitted, in admission order
 };
 
+// The other side of the prefix cache: publishes the full blocks of `seq`
+// that its cache holds (num_cached) and were not yet published, under their
+// hashes chained from `root`, so a later admission can share them. The
+// engine calls it for every sequence of every step (prompt and output
+// blocks alike). A block another already holds under the same hash (two
+// requests computed one prefix at once) stays private.
+void PublishFullBlocks(const BlockHash& root, BlockAllocator& allocator,
+                       Sequence* seq);
+
 }  // namespace baton
 
 #endif  // BATON_WORKER_ENGINE_SCHEDULER_H_
