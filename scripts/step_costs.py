@@ -9,9 +9,9 @@ workers that shared a host line up (one monotonic clock). A step is charged
 as baton-sim and the simulated engine charge it: the prefill fit over its
 prompt pieces (cached tokens P, fed N: c1·N + c2·((P+N)² − P²), plus c0
 once) plus the decode fit over its decodes (contexts P + 1, batch B). An
-item that feeds one token and samples is read as a decode; a prompt's last
-chunk of exactly one token reads as one too, which these workloads' chunk
-budgets make rare.
+item that feeds one token after its sequence's first position is read as a
+decode (`StepWork` in worker/engine/cost_profile.h), a prompt's chunk of
+exactly one token too, which these workloads' chunk budgets make rare.
 
 A step's time is its forward pass (the trace's seconds) plus the gap to
 the worker's next step when that is under --busy_gap_ms (sampling,
@@ -40,8 +40,8 @@ import statistics
 
 def charged(profile, items):
     """(prefill seconds, decode seconds, kind) of one step's items."""
-    prefill = [(p, n) for p, n, logits in items if not (n == 1 and logits == 1)]
-    decode = [p + 1 for p, n, logits in items if n == 1 and logits == 1]
+    prefill = [(p, n) for p, n, _ in items if not (n == 1 and p > 0)]
+    decode = [p + 1 for p, n, _ in items if n == 1 and p > 0]
     pre = dec = 0.0
     if prefill:
         c = profile["prefill"]

@@ -27,7 +27,10 @@ class StepCostsTest(unittest.TestCase):
         self.assertAlmostEqual(pre, 0.150 + 1e-6 * (116 ** 2 - 16 ** 2 + 50 ** 2))
         self.assertAlmostEqual(dec, 0.003)
         self.assertEqual(kind, "mixed")
-        self.assertEqual(step_costs.charged(PROFILE, [[5, 1, 0]])[2], "prefill")
+        # As StepWork: one token after the first position is a decode, a
+        # chunk that does not sample too; a one-token prompt is a piece.
+        self.assertEqual(step_costs.charged(PROFILE, [[5, 1, 0]])[2], "decode")
+        self.assertEqual(step_costs.charged(PROFILE, [[0, 1, 1]])[2], "prefill")
 
     def test_groups_steps_by_kind_and_by_what_the_other_worker_did(self):
         # Worker 0 prefills 100 tokens (0.1 s charged) in 0.12 s, then
