@@ -29,6 +29,18 @@ Transition RequestStateMachine::FailAttemptLocked(
     // (the bytes failed, not a worker); the budget bounds a link that
     // corrupts every time.
     retriable = true;
+  } else if (FromWorkerRpc(error, WorkerRpc::kReserveKvBesidePrefill) &&
+             (error.code() == absl::StatusCode::kResourceExhausted ||
+              error.code() == absl::StatusCode::kUnavailable ||
+              error.code() == absl::StatusCode::kDeadlineExceeded) &&
+             rec.decode.has_value() && !rec.colocated &&
+             (rec.state == RequestState::kPrefilling ||
+              rec.state == RequestState::kTransferring)) {
+    // A reservation made beside the Prefill (overlap_reserve_kv) was
+    // refused or its reply lost: the next attempt reserves first, where a
+    // refusal waits in a worker's line or goes elsewhere. No worker is
+    // excluded (a full pool is not a broken worker; a dead one is DOWN).
+    retriable = true;
   } else if (error.code() == absl::StatusCode::kUnavailable) {
     const bool split = !rec.colocated && rec.decode.has_value();
     if (const auto who = error.GetPayload(kWorkerDownPayload)) {

@@ -171,6 +171,37 @@ TEST_F(RequestStateMachineAttemptsTest, CorruptedKvBytesAreSentAgain) {
   }
 }
 
+// A reservation made beside the Prefill (overlap_reserve_kv) that the
+// decode worker refused, or whose reply was lost, starts a new attempt that
+// excludes no worker (it reserves first); any other error of it ends the
+// request, as a plain ReserveKv tag does in every state
+// (NonRetriableAttemptFailureFromEveryLiveState).
+TEST_F(RequestStateMachineAttemptsTest, AReservationBesideThePrefillRetries) {
+  for (const absl::Status& refused :
+       {absl::ResourceExhaustedError("no room"),
+        absl::UnavailableError("reply lost"),
+        absl::DeadlineExceededError("no reply")}) {
+    SCOPED_TRACE(refused.ToString());
+    Make({});
+    ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+    ASSERT_NO_FATAL_FAILURE(Drive("r1", State::kPrefilling, kP, kD));
+    Transition t = Ok(sm_->OnAttemptFailed(
+        "r1", TagWorkerRpc(refused, WorkerRpc::kReserveKvBesidePrefill)));
+    ExpectEnded(t, Next::kRetry, {CancelOnWorker(kP, "r1"), FreeKv(kD, "r1")});
+    ExpectRequeued("r1", "r1/retry1", 2, {}, {});
+    ExpectClean();
+  }
+  Make({});
+  ASSERT_TRUE(sm_->Admit("r2", RequestSpec{100, 50}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD));
+  const absl::Status bad =
+      TagWorkerRpc(absl::InvalidArgumentError("kv_layout differs"),
+                   WorkerRpc::kReserveKvBesidePrefill);
+  Transition t = Ok(sm_->OnAttemptFailed("r2", bad));
+  ExpectEnded(t, Next::kFail, {CancelOnWorker(kP, "r2"), FreeKv(kD, "r2")});
+  ExpectClean();
+}
+
 TEST_F(RequestStateMachineAttemptsTest, WorkerDownMidTransferStartsAttempts) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
   ASSERT_TRUE(sm_->Admit("r2", RequestSpec{40, 10}).ok());

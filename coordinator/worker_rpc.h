@@ -24,6 +24,9 @@ enum class WorkerRpc : char {
   kPrefill = 'p',         // before the first token
   kPrefillHandoff = 'h',  // the rest of the Prefill stream (KV handoff)
   kDecode = 'd',
+  // A ReserveKv made beside the Prefill (ClusterOptions::
+  // overlap_reserve_kv), whose refusal starts the request over.
+  kReserveKvBesidePrefill = 'b',
 };
 inline constexpr absl::string_view kWorkerRpcPayload =
     "type.baton.dev/baton.WorkerRpc";
@@ -38,6 +41,8 @@ inline absl::string_view WorkerRpcName(WorkerRpc rpc) {
       return "Prefill (KV handoff)";
     case WorkerRpc::kDecode:
       return "Decode";
+    case WorkerRpc::kReserveKvBesidePrefill:
+      return "ReserveKv (beside the Prefill)";
   }
   return "?";
 }

@@ -207,11 +207,14 @@ def points_of(a, workers):
         added = [s["ttft_ms"] - s["prefill_ms"] for s in srv]
         # The added latency in three parts: the ReserveKv round trip to the
         # decode worker, the coordinator's own time before the Prefill call
-        # leaves it (queue_ms less that round trip), and the Prefill round
-        # trip less the worker's compute (from the call leaving to the first
-        # token leaving the coordinator).
+        # leaves it (queue_ms less that round trip, unless the reservation
+        # was made beside the Prefill: --overlap_reserve_kv), and the Prefill
+        # round trip less the worker's compute (from the call leaving to the
+        # first token leaving the coordinator).
         reserve = [s.get("reserve_kv_ms", 0) for s in srv]
-        before = [s["queue_ms"] - s.get("reserve_kv_ms", 0) for s in srv]
+        before = [s["queue_ms"] - (0 if s.get("reserve_kv_beside_prefill")
+                                   else s.get("reserve_kv_ms", 0))
+                  for s in srv]
         after = [s["ttft_ms"] - s["queue_ms"] - s["prefill_ms"] for s in srv]
         rows.append({
             "workers": workers, "streams": n,

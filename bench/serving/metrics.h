@@ -34,7 +34,8 @@ struct ServerTimings {
   double kv_transfer_exposed_ms = 0;
   double ttft_ms = 0;
   double total_ms = 0;
-  double reserve_kv_ms = 0;  // part of queue_ms (split serving)
+  double reserve_kv_ms = 0;  // part of queue_ms (split serving)...
+  bool reserve_kv_beside_prefill = false;  // ... unless made beside it
 };
 
 struct RequestRecord {

@@ -147,16 +147,18 @@ Json RequestJson(const RequestRecord& r) {
     j["error_message"] = r.error_message;
   }
   if (r.success) {
-    j["server"] = {{"queue_ms", r.server.queue_ms},
-                   {"prefill_ms", r.server.prefill_ms},
-                   {"kv_transfer_bytes", r.server.kv_transfer_bytes},
-                   {"kv_transfer_ms", r.server.kv_transfer_ms},
-                   {"kv_transfer_exposed_ms", r.server.kv_transfer_exposed_ms},
-                   {"ttft_ms", r.server.ttft_ms},
-                   {"total_ms", r.server.total_ms},
-                   {"reserve_kv_ms", r.server.reserve_kv_ms},
-                   {"prefill_worker", r.prefill_worker},
-                   {"decode_worker", r.decode_worker}};
+    j["server"] = {
+        {"queue_ms", r.server.queue_ms},
+        {"prefill_ms", r.server.prefill_ms},
+        {"kv_transfer_bytes", r.server.kv_transfer_bytes},
+        {"kv_transfer_ms", r.server.kv_transfer_ms},
+        {"kv_transfer_exposed_ms", r.server.kv_transfer_exposed_ms},
+        {"ttft_ms", r.server.ttft_ms},
+        {"total_ms", r.server.total_ms},
+        {"reserve_kv_ms", r.server.reserve_kv_ms},
+        {"reserve_kv_beside_prefill", r.server.reserve_kv_beside_prefill},
+        {"prefill_worker", r.prefill_worker},
+        {"decode_worker", r.decode_worker}};
   }
   return j;
 }

@@ -146,7 +146,8 @@ class BenchCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
                 t.kv_transfer_exposed_ms(),
                 t.ttft_ms(),
                 t.total_ms(),
-                t.reserve_kv_ms()};
+                t.reserve_kv_ms(),
+                t.reserve_kv_beside_prefill()};
     r.prefill_worker = result_.prefill_worker().worker_id();
     r.decode_worker = result_.decode_worker().worker_id();
     switch (result_.finish_reason()) {

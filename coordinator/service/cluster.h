@@ -82,6 +82,16 @@ struct ClusterOptions {
   // Attempts a request may take before its first token reaches the client
   // (a worker failed each of the others); >= 1.
   int max_attempts = 3;
+  // Split serving: send Prefill at once and make the decode worker's
+  // reservation beside it (ReserveKv, then SetKvTarget on the prefill
+  // worker, which computes meanwhile), instead of reserving first: one
+  // round trip less before the first token. A reservation refused then
+  // ends that attempt, and the next one reserves first. Only a request's
+  // first attempt, and only when the pool had room in the coordinator's
+  // view (a request that waits for room reserves first); HOST_TCP handoffs
+  // only (the prefill worker cannot pick a device-direct transport before
+  // the reservation names it).
+  bool overlap_reserve_kv = false;
   // Threads that run every Generate call's coroutine (1..64): calls hold
   // none while they wait, so a few serve thousands of streams.
   int call_threads = 4;

@@ -6,6 +6,7 @@
 //                     [--engine_stall_timeout_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--max_attempts=N] [--max_migrations=N]
+//                     [--overlap_reserve_kv]
 //                     [--ttft_slo_ms=N]
 //                     [--max_waiting_requests=N] [--max_running_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
@@ -83,6 +84,10 @@ ABSL_FLAG(int32_t, max_attempts, 3,
 ABSL_FLAG(int32_t, max_migrations, 2,
           "times a request whose decode worker fails after tokens were "
           "streamed continues on another decode worker (0: never)");
+ABSL_FLAG(bool, overlap_reserve_kv, false,
+          "split serving: send Prefill at once and reserve the decode "
+          "worker's KV beside it (one round trip less before the first "
+          "token; HOST_TCP handoffs only)");
 ABSL_FLAG(int64_t, ttft_slo_ms, 0,
           "refuse a request at once (RESOURCE_EXHAUSTED, HTTP 429 with "
           "Retry-After) when its estimated time to first token, from the "
@@ -229,6 +234,7 @@ int Main() {
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.overlap_reserve_kv = absl::GetFlag(FLAGS_overlap_reserve_kv);
   options.admission.ttft_slo =
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =
@@ -440,7 +446,8 @@ int main(int argc, char** argv) {
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
-      "[--max_attempts=N] [--max_migrations=N] [--ttft_slo_ms=N] "
+      "[--max_attempts=N] [--max_migrations=N] [--overlap_reserve_kv] "
+      "[--ttft_slo_ms=N] "
       "[--max_waiting_requests=N] [--max_running_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM "

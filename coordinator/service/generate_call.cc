@@ -213,6 +213,7 @@ void GenerateCall::BeginAttempt() {
   prefill_.reset();
   decode_.reset();
   reservation_.Clear();
+  overlap_request_.reset();
   absl::MutexLock lock(&mu_);
   attempt_id_ = attempt_;
   attempt_abort_ = absl::OkStatus();
@@ -256,15 +257,26 @@ async::Task<absl::Status> GenerateCall::Serve() {
   prefill_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
                                                   job_.prompt.end());
   *prefill_request.mutable_sampling() = job_.sampling;
-  if (decode_.has_value()) {
-    v1::KvTarget* target = prefill_request.mutable_kv_target();
-    *target->mutable_decode_worker() = ToRef(*decode_);
-    *target->mutable_endpoint() = reservation_.endpoint();
-    *target->mutable_alternatives() = reservation_.alternatives();
-    target->set_transfer_id(reservation_.transfer_id());
-    target->set_transfer_secret(reservation_.transfer_secret());
-    target->set_first_block(reservation_.cached_blocks());
+  // A reservation still to make goes beside the Prefill, whose target
+  // follows it.
+  std::shared_ptr<Overlap> overlap;
+  if (decode_.has_value() && overlap_request_.has_value()) {
+    *prefill_request.mutable_kv_target()->mutable_decode_worker() =
+        ToRef(*decode_);
+    prefill_request.set_kv_target_follows(true);
+    overlap = std::make_shared<Overlap>();
+    overlap->request = std::move(*overlap_request_);
+    overlap_request_.reset();
+  } else if (decode_.has_value()) {
+    FillKvTarget(*decode_, reservation_, prefill_request.mutable_kv_target());
   }
+  // However this attempt's serving ends, its reservation's calls end too.
+  struct CancelOnExit {
+    std::shared_ptr<Overlap>* overlap;
+    ~CancelOnExit() {
+      if (*overlap != nullptr) (*overlap)->Cancel();
+    }
+  } cancel_overlap{&overlap};
   SetDeadline(prefill->context());
   ScopedContext prefill_scope(this, prefill->context());
   if (!streamed_) queue_ms_ = MsBetween(arrival_, SteadyClock::now());
@@ -273,6 +285,9 @@ async::Task<absl::Status> GenerateCall::Serve() {
       ->async()
       ->Prefill(prefill->context(), prefill->request(), prefill.get());
   prefill->Start();
+  if (overlap != nullptr) {
+    ReserveBesidePrefill(shared_from_this(), overlap, id, *decode_, *prefill_);
+  }
   async::AbandonOnExit prefill_guard(prefill.get());
   v1::PrefillResponse message;
   bool got = co_await prefill->Read(&message);
@@ -305,6 +320,19 @@ async::Task<absl::Status> GenerateCall::Serve() {
         "migration: prefill worker ", prefill_->ref.id, " sampled token ",
         message.first_token().token_id(), " where the client got ",
         generated_.front(), " (workers on different kernel paths?)"));
+  }
+
+  if (overlap != nullptr) {
+    // The Decode names the reservation: wait for it (the first token is
+    // out already).
+    co_await OverlapAwaiter(overlap.get());
+    if (absl::Status s = aborted(); !s.ok()) co_return s;
+    if (!overlap->status.ok()) co_return overlap->status;
+    reservation_ = overlap->reserved;
+    reserved_beside_prefill_ = true;
+    if (!resuming) reserve_kv_ms_ = overlap->reserve_ms;
+    // Its two calls' memory goes now, not when the stream ends.
+    overlap.reset();
   }
 
   // Decode starts now; the decode worker waits for the KV to land.

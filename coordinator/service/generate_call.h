@@ -6,6 +6,10 @@
 //   the client ─▶ Decode (started before the handoff completes; the decode
 //   worker waits for the last layer) ─▶ tokens to the client ─▶ result.
 //
+// With ClusterOptions::overlap_reserve_kv the first attempt sends Prefill
+// at once and makes the reservation beside it (ReserveKv, then SetKvTarget
+// on the prefill worker); Decode waits for it.
+//
 // The call does the I/O only: the cluster's RequestStateMachine owns the
 // request's lifecycle (its leases, the load it puts on workers, its timers,
 // its retry budget). Every step is an edge of it; when an attempt fails
@@ -113,8 +117,20 @@ class GenerateCall final : public CallHandle,
   // did, if the sweeper ended the attempt). True: go on with a new attempt;
   // false: the request ends with *status.
   bool EndAttempt(absl::Status* status);
-  // Picks the workers and, for a split request, reserves the decode blocks.
+  // Picks the workers and, for a split request, reserves the decode blocks
+  // (or, with ClusterOptions::overlap_reserve_kv, prepares the reservation
+  // Serve makes beside the Prefill).
   async::Task<absl::Status> Route();
+  // A reservation made beside the Prefill, and the awaiter of its end
+  // (generate_call_internal.h).
+  struct Overlap;
+  class OverlapAwaiter;
+  // ReserveKv on `decode` for attempt `attempt`, then SetKvTarget on
+  // `prefill`; a failure aborts that attempt. `self` keeps the call alive.
+  async::Detach ReserveBesidePrefill(std::shared_ptr<GenerateCall> self,
+                                     std::shared_ptr<Overlap> overlap,
+                                     std::string attempt, WorkerInfo decode,
+                                     WorkerInfo prefill);
   // The ids of the `failed` incarnations that are still the registry's
   // current ones (for RequestInfo::excluded).
   std::vector<WorkerId> StillExcluded(
@@ -169,6 +185,9 @@ class GenerateCall final : public CallHandle,
   std::optional<WorkerInfo> prefill_;
   std::optional<WorkerInfo> decode_;  // unset: colocated on prefill_
   v1::ReserveKvResponse reservation_;
+  // Route's ReserveKv, for Serve to send beside the Prefill.
+  std::optional<v1::ReserveKvRequest> overlap_request_;
+  bool reserved_beside_prefill_ = false;  // for the result's timings
 
   // Progress, for the result.
   bool streamed_ = false;  // at least one message sent to the client

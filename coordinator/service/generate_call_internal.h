@@ -64,6 +64,52 @@ class GenerateCall::ScopedContext {
   grpc::ClientContext* context_;
 };
 
+// The KV target a reservation on `decode` names, for the prefill worker.
+inline void FillKvTarget(const WorkerInfo& decode,
+                         const v1::ReserveKvResponse& reserved,
+                         v1::KvTarget* target) {
+  *target->mutable_decode_worker() = ToRef(decode);
+  *target->mutable_endpoint() = reserved.endpoint();
+  *target->mutable_alternatives() = reserved.alternatives();
+  target->set_transfer_id(reserved.transfer_id());
+  target->set_transfer_secret(reserved.transfer_secret());
+  target->set_first_block(reserved.cached_blocks());
+}
+
+// A decode reservation made beside the Prefill: ReserveKv on the decode
+// worker, then SetKvTarget on the prefill worker. `status`, `reserved` and
+// `reserve_ms` are final once an OverlapAwaiter resumes.
+struct GenerateCall::Overlap {
+  grpc::ClientContext reserve_context;
+  grpc::ClientContext target_context;
+  v1::ReserveKvRequest request;
+  v1::ReserveKvResponse reserved;
+  absl::Status status;
+  double reserve_ms = 0;
+  async::Rendezvous done;  // its end and an awaiter's suspension
+  std::coroutine_handle<> waiter;
+  // Ends its calls (the attempt ended without them). Thread-safe.
+  void Cancel() {
+    reserve_context.TryCancel();
+    target_context.TryCancel();
+  }
+};
+
+// co_await: until the reservation beside the Prefill has ended.
+class GenerateCall::OverlapAwaiter {
+ public:
+  explicit OverlapAwaiter(Overlap* overlap) : overlap_(overlap) {}
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> awaiter) {
+    overlap_->waiter = awaiter;
+    return !overlap_->done.Arrive();
+  }
+  void await_resume() const {}
+
+ private:
+  Overlap* overlap_;
+};
+
 // Suspends the call's coroutine for up to `delay` on the executor's timer;
 // an abort of the call or its attempt (Abort) fires the timer at once.
 class GenerateCall::BackoffAwaiter {

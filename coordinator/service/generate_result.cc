@@ -54,6 +54,7 @@ v1::GenerateResult GenerateCall::BaseResult() const {
   v1::PhaseTimings* t = result.mutable_timings();
   t->set_queue_ms(queue_ms_);
   t->set_reserve_kv_ms(reserve_kv_ms_);
+  t->set_reserve_kv_beside_prefill(reserved_beside_prefill_);
   t->set_prefill_ms(prefill_ms_);
   t->set_kv_transfer_bytes(handoff_.kv_transfer_bytes());
   t->set_kv_transfer_ms(handoff_.kv_transfer_ms());

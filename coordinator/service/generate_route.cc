@@ -121,6 +121,16 @@ async::Task<absl::Status> GenerateCall::Route() {
           std::max(job_.deadline - absl::Now(), absl::ZeroDuration()) +
           absl::Seconds(5)));
     }
+    if (!wait && cluster_->options().overlap_reserve_kv &&
+        attempt_ == job_.internal_id) {
+      // The pool has room in this replica's view: Serve makes the
+      // reservation beside the Prefill. A refusal ends the attempt, and
+      // the next one (any but the first) reserves first.
+      decode_ = target;
+      overlap_request_ = std::move(request);
+      co_return co_await ClaimPrefill(WorkerRole::kPrefill, info,
+                                      queue_deadline);
+    }
     grpc::ClientContext context;
     context.set_deadline(
         std::min(absl::ToChronoTime(job_.deadline),
@@ -208,6 +218,61 @@ async::Task<absl::Status> GenerateCall::ClaimPrefill(
     if (!co_await Backoff(backoff)) co_return aborted();
     backoff = std::min(backoff * 2, absl::Milliseconds(100));
   }
+}
+
+async::Detach GenerateCall::ReserveBesidePrefill(
+    std::shared_ptr<GenerateCall> self, std::shared_ptr<Overlap> overlap,
+    std::string attempt, WorkerInfo decode, WorkerInfo prefill) {
+  async::Executor* const executor = &cluster_->executor();
+  const auto deadline = std::min(
+      absl::ToChronoTime(job_.deadline),
+      absl::ToChronoTime(absl::Now() + cluster_->options().worker_rpc_timeout));
+  absl::Status status;
+  {
+    grpc::ClientContext& context = overlap->reserve_context;
+    context.set_deadline(deadline);
+    ScopedContext scoped(this, &context);
+    std::shared_ptr<v1::Worker::Stub> stub =
+        cluster_->WorkerStub(decode.registration.address);
+    const SteadyClock::time_point sent = SteadyClock::now();
+    SteadyClock::time_point replied;
+    const grpc::Status rpc = co_await async::Unary(
+        executor,
+        [&](grpc::ClientUnaryReactor* reactor) {
+          stub->async()->ReserveKv(&context, &overlap->request,
+                                   &overlap->reserved, reactor);
+        },
+        &replied);
+    if (rpc.ok()) {
+      overlap->reserve_ms = MsBetween(sent, replied);
+    } else {
+      status = WorkerError(decode, WorkerRpc::kReserveKvBesidePrefill, rpc);
+    }
+  }
+  if (status.ok()) {
+    v1::SetKvTargetRequest request;
+    request.set_request_id(attempt);
+    FillKvTarget(decode, overlap->reserved, request.mutable_kv_target());
+    v1::SetKvTargetResponse response;
+    grpc::ClientContext& context = overlap->target_context;
+    context.set_deadline(deadline);
+    ScopedContext scoped(this, &context);
+    std::shared_ptr<v1::Worker::Stub> stub =
+        cluster_->WorkerStub(prefill.registration.address);
+    const grpc::Status rpc =
+        co_await async::Unary(executor, [&](grpc::ClientUnaryReactor* reactor) {
+          stub->async()->SetKvTarget(&context, &request, &response, reactor);
+        });
+    if (!rpc.ok())
+      status = WorkerError(prefill, WorkerRpc::kPrefillHandoff, rpc);
+  }
+  overlap->status = status;
+  // The attempt ends at once: its Prefill stream is cancelled, and Run asks
+  // the state machine what comes next (after a refusal: another decode
+  // worker). An attempt already over ignores it.
+  if (!status.ok()) Abort(attempt, status);
+  if (overlap->done.Arrive()) executor->Resume(overlap->waiter);
+  static_cast<void>(self);
 }
 
 std::vector<WorkerId> GenerateCall::StillExcluded(

@@ -25,10 +25,17 @@ struct Shape {
   int prefill;
   int decode;
   int both;
+  // The coordinator's --overlap_reserve_kv: the decode worker's
+  // reservation made beside the Prefill.
+  bool overlap = false;
 };
 
 constexpr Shape kShapes[] = {
-    {"1P1D", 1, 1, 0}, {"2P1D", 2, 1, 0}, {"1P2D", 1, 2, 0}, {"2C", 0, 0, 2}};
+    {"1P1D", 1, 1, 0},
+    {"2P1D", 2, 1, 0},
+    {"1P2D", 1, 2, 0},
+    {"2C", 0, 0, 2},
+    {"1P2D, reserved beside the prefill", 1, 2, 0, true}};
 
 // One process for every shape: the in-process reference (the expensive part
 // under the sanitizers) is computed once.
@@ -69,6 +76,7 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
   options.prefill = shape.prefill;
   options.decode = shape.decode;
   options.both = shape.both;
+  if (shape.overlap) options.coordinator_flags = {"--overlap_reserve_kv"};
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
@@ -118,10 +126,14 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
                 r.result.decode_worker().worker_id());
       EXPECT_GT(r.result.timings().kv_transfer_bytes(), 0);
       EXPECT_GT(r.result.timings().kv_transfer_ms(), 0.0);
-      // The ReserveKv round trip is part of the time before the Prefill.
+      // The ReserveKv round trip is part of the time before the Prefill,
+      // or overlaps the Prefill.
       EXPECT_GT(r.result.timings().reserve_kv_ms(), 0.0);
-      EXPECT_LE(r.result.timings().reserve_kv_ms(),
-                r.result.timings().queue_ms());
+      EXPECT_EQ(r.result.timings().reserve_kv_beside_prefill(), shape.overlap);
+      if (!shape.overlap) {
+        EXPECT_LE(r.result.timings().reserve_kv_ms(),
+                  r.result.timings().queue_ms());
+      }
     }
   }
   // Every worker of each pool took part.

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "common/tsan/annotations.h"
 #include "worker/engine/kv_sink.h"
 #include "worker/service/proto_convert.h"
@@ -200,80 +201,20 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
 absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
                                               GenerationRequest generation,
                                               PrefillReactor* reactor) {
-  const v1::KvTarget& target = request.kv_target();
-  // A device-direct endpoint on this worker's own device wins; otherwise
-  // HOST_TCP.
-  const v1::KvEndpoint* device = nullptr;
-  const v1::KvEndpoint* nccl = nullptr;
-  const v1::KvEndpoint* tcp = nullptr;
-  std::vector<const v1::KvEndpoint*> endpoints = {&target.endpoint()};
-  for (const v1::KvEndpoint& e : target.alternatives()) endpoints.push_back(&e);
-  for (const v1::KvEndpoint* e : endpoints) {
-    if (device == nullptr && options_.make_device_sink &&
-        e->transport() == options_.device_kv_transport &&
-        !options_.kv_device.empty() && e->device() == options_.kv_device &&
-        !e->address().empty()) {
-      device = e;
-    }
-    // NCCL refuses two ranks on one device: only across devices.
-    if (nccl == nullptr && options_.make_nccl_sink &&
-        e->transport() == v1::KV_TRANSPORT_NCCL &&
-        !options_.kv_device.empty() && !e->device().empty() &&
-        e->device() != options_.kv_device && !e->address().empty()) {
-      nccl = e;
-    }
-    if (tcp == nullptr && (e->transport() == v1::KV_TRANSPORT_HOST_TCP ||
-                           e->transport() == v1::KV_TRANSPORT_UNSPECIFIED)) {
-      tcp = e;
-    }
-  }
-  if (device == nullptr && nccl != nullptr) device = nccl;
-  if (device == nullptr && tcp == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        "kv_target.endpoint.transport: ",
-        v1::KvTransport_Name(target.endpoint().transport()),
-        " is not supported here (HOST_TCP, or a device-direct endpoint on "
-        "this worker's device)"));
-  }
-  if (device == nullptr && tcp->address().empty()) {
-    return absl::InvalidArgumentError("kv_target.endpoint.address: required");
-  }
-  uint64_t transfer_id = 0;
-  if (!absl::SimpleAtoi(target.transfer_id(), &transfer_id)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_target.transfer_id: '", target.transfer_id(),
-                     "' is not a transfer id from ReserveKv"));
-  }
   const std::string id = generation.id;
+  PrefillOptions prefill_options;
+  v1::KvTransport chosen = v1::KV_TRANSPORT_HOST_TCP;
+  if (request.kv_target_follows()) {
+    // The target comes later (SetKvTarget); the handoff waits for it.
+    BATON_RETURN_IF_ERROR(following_.Expect(id));
+    prefill_options.make_sink = FollowingKvSink(id);
+  } else {
+    BATON_RETURN_IF_ERROR(ChooseKvSink(request, &prefill_options, &chosen));
+  }
   const int64_t prompt_tokens = static_cast<int64_t>(generation.prompt.size());
   const int num_layers = static_cast<int>(engine_->config().num_layers);
   const SteadyClock::time_point arrival = SteadyClock::now();
-  PrefillOptions prefill_options;
-  const v1::KvTransport chosen =
-      device != nullptr ? device->transport() : v1::KV_TRANSPORT_HOST_TCP;
-  if (device != nullptr && device->transport() == v1::KV_TRANSPORT_NCCL) {
-    v1::PairKvRequest pair;
-    pair.set_request_id(id);
-    pair.set_transfer_id(target.transfer_id());
-    pair.set_transfer_secret(target.transfer_secret());
-    {
-      absl::MutexLock lock(&mu_);
-      *pair.mutable_prefill_worker() = ref_;
-    }
-    prefill_options.make_sink =
-        options_.make_nccl_sink(device->address(), pair, options_.model_id);
-    prefill_options.sink_reads_device_pool = true;
-  } else if (device != nullptr) {
-    prefill_options.make_sink =
-        options_.make_device_sink(device->address(), transfer_id,
-                                  options_.model_id, target.transfer_secret());
-    prefill_options.sink_reads_device_pool = true;
-  } else {
-    prefill_options.make_sink =
-        TcpKvSink(tcp->address(), transfer_id, target.transfer_secret());
-  }
   prefill_options.timeout = options_.handoff_timeout;
-  prefill_options.first_block = target.first_block();
   {
     absl::MutexLock lock(&mu_);
     running_.insert(id);
@@ -311,6 +252,8 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
           absl::MutexLock lock(&mu_);
           running_.erase(id);
         }
+        // A sink still waiting for its target gives up.
+        following_.End(id, absl::CancelledError("the prefill ended"));
         if (!*prefilled) queued_prefill_tokens_ -= prompt_tokens;
         if (out.finish_reason != FinishReason::kNone) {
           metrics_->OnRequestEnded(
@@ -333,6 +276,7 @@ absl::Status WorkerService::StartSplitPrefill(const v1::PrefillRequest& request,
         reactor->Close(grpc::Status::OK);
       });
   if (!status.ok()) {
+    following_.End(id, status);
     queued_prefill_tokens_ -= prompt_tokens;
     absl::MutexLock lock(&mu_);
     running_.erase(id);
@@ -429,6 +373,7 @@ void WorkerService::OnLocalOutput(const std::shared_ptr<LocalRequest>& local,
 
 bool WorkerService::CancelRequest(const std::string& request_id,
                                   const std::string& /*reason*/) {
+  following_.End(request_id, absl::CancelledError("request cancelled"));
   engine_->Cancel(request_id);
   DecodeReactor* waiting = nullptr;
   bool found = false;

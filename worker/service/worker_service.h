@@ -39,6 +39,7 @@
 #include "worker/engine/kv_sink.h"
 #include "worker/service/callback_gate.h"
 #include "worker/service/engine_loop.h"
+#include "worker/service/following_kv_targets.h"
 #include "worker/service/reservation_queue.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/transport/tcp_kv_transport.h"
@@ -189,6 +190,10 @@ class WorkerService final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
                                    const v1::CancelRequest* request,
                                    v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* SetKvTarget(
+      grpc::CallbackServerContext* context,
+      const v1::SetKvTargetRequest* request,
+      v1::SetKvTargetResponse* response) override;
   grpc::ServerUnaryReactor* GetWorkerStatus(
       grpc::CallbackServerContext* context,
       const v1::GetWorkerStatusRequest* request,
@@ -238,6 +243,16 @@ class WorkerService final : public v1::Worker::CallbackService {
   // (or ended outside it) ended.
   void RecordEnd(absl::string_view phase, const absl::Status& status);
 
+  // The sink of a split prefill's handoff from its target's endpoints (a
+  // device-direct one on this worker's device first), and the transport
+  // (worker_service_sink.cc).
+  absl::Status ChooseKvSink(const v1::PrefillRequest& request,
+                            PrefillOptions* prefill_options,
+                            v1::KvTransport* chosen);
+  // The sink of a prefill whose target follows it: opened once SetKvTarget
+  // delivered the target (HOST_TCP), leaving out the blocks the decode
+  // worker holds.
+  KvSinkFactory FollowingKvSink(const std::string& id);
   absl::Status StartSplitPrefill(const v1::PrefillRequest& request,
                                  GenerationRequest generation,
                                  PrefillReactor* reactor);
@@ -282,6 +297,9 @@ class WorkerService final : public v1::Worker::CallbackService {
   std::unique_ptr<EngineLoop> loop_;
   // ReserveKv calls waiting for room (decode and both roles).
   std::unique_ptr<ReservationQueue> reserve_queue_;
+  // Split prefills whose KV target follows them (kv_target_follows); a
+  // target that comes first waits as long as a handoff would.
+  FollowingKvTargets following_{absl::FromChrono(options_.handoff_timeout)};
   const std::unique_ptr<WorkerMetrics> metrics_;
   // Prompt tokens submitted whose prefill has not finished.
   std::atomic<int64_t> queued_prefill_tokens_{0};
