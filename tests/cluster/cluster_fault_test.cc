@@ -149,59 +149,42 @@ TEST(ClusterFaultTest, OrphanedReservationIsFreedAndRequestsProceed) {
 // Cancel, not the heartbeat's orphan sweep, can free the blocks before the
 // 10 s queue timeout (the worker refuses a second reservation of a request
 // id it still holds).
+//
+// The same for a reservation made beside the Prefill (--overlap_reserve_kv):
+// the Prefill already running is cancelled, and the next attempt reserves
+// first.
 TEST(ClusterFaultTest, LostReserveKvReplyIsFreedAndTheRequestProceeds) {
-  LocalClusterOptions options;
-  options.heartbeat_ms = 30000;
-  options.lease_ttl_ms = 120000;
-  options.coordinator_flags = {"--queue_timeout_ms=10000"};
-  options.flags_of_worker[1] = {"--fault=kv_reserved:error"};
-  auto cluster = StartOrDie(options);
-  ASSERT_NE(cluster, nullptr);
-  ASSERT_EQ(cluster->workers()[1].role, "decode");
-  v1::GenerateRequest request = LongRequest(0, 24);
-  request.mutable_sampling()->set_temperature(0);
-  const StreamResult faulted = RunGenerate(cluster->baton(), request);
-  EXPECT_TRUE(faulted.status.ok()) << faulted.status.error_message();
-  EXPECT_EQ(faulted.tokens.size(), 24u);
-  ExpectAllFree(*cluster);
-  const StreamResult clean = RunGenerate(cluster->baton(), request);
-  EXPECT_TRUE(clean.status.ok()) << clean.status.error_message();
-  EXPECT_EQ(faulted.tokens, clean.tokens);
-  EXPECT_EQ(faulted.text, clean.text);
-  ExpectAllFree(*cluster);
-  ExpectCleanStop(*cluster);
-}
-
-// The same lost reply for a reservation made beside the Prefill
-// (--overlap_reserve_kv): the Prefill already running is cancelled, and
-// the next attempt reserves first and gives the tokens of a fault-free run.
-TEST(ClusterFaultTest, LostReplyBesideThePrefillStartsOver) {
-  LocalClusterOptions options;
-  options.heartbeat_ms = 30000;
-  options.lease_ttl_ms = 120000;
-  options.coordinator_flags = {"--queue_timeout_ms=10000",
-                               "--overlap_reserve_kv"};
-  options.flags_of_worker[1] = {"--fault=kv_reserved:error"};
-  auto cluster = StartOrDie(options);
-  ASSERT_NE(cluster, nullptr);
-  ASSERT_EQ(cluster->workers()[1].role, "decode");
-  v1::GenerateRequest request = LongRequest(0, 24);
-  request.mutable_sampling()->set_temperature(0);
-  const StreamResult faulted = RunGenerate(cluster->baton(), request);
-  ASSERT_TRUE(faulted.status.ok()) << faulted.status.error_message();
-  EXPECT_EQ(faulted.tokens.size(), 24u);
-  // Started over once: before the first token (a retry) or, on a host
-  // slow enough that it was out already, after it (a migration).
-  EXPECT_EQ(faulted.result.retries() + faulted.result.migrations(), 1);
-  EXPECT_FALSE(faulted.result.timings().reserve_kv_beside_prefill());
-  ExpectAllFree(*cluster);
-  const StreamResult clean = RunGenerate(cluster->baton(), request);
-  ASSERT_TRUE(clean.status.ok()) << clean.status.error_message();
-  EXPECT_TRUE(clean.result.timings().reserve_kv_beside_prefill());
-  EXPECT_EQ(faulted.tokens, clean.tokens);
-  EXPECT_EQ(faulted.text, clean.text);
-  ExpectAllFree(*cluster);
-  ExpectCleanStop(*cluster);
+  for (const bool beside : {false, true}) {
+    SCOPED_TRACE(beside ? "beside the Prefill" : "reserved first");
+    LocalClusterOptions options;
+    options.heartbeat_ms = 30000;
+    options.lease_ttl_ms = 120000;
+    options.coordinator_flags = {"--queue_timeout_ms=10000"};
+    if (beside) options.coordinator_flags.push_back("--overlap_reserve_kv");
+    options.flags_of_worker[1] = {"--fault=kv_reserved:error"};
+    auto cluster = StartOrDie(options);
+    ASSERT_NE(cluster, nullptr);
+    ASSERT_EQ(cluster->workers()[1].role, "decode");
+    v1::GenerateRequest request = LongRequest(0, 24);
+    request.mutable_sampling()->set_temperature(0);
+    const StreamResult faulted = RunGenerate(cluster->baton(), request);
+    ASSERT_TRUE(faulted.status.ok()) << faulted.status.error_message();
+    EXPECT_EQ(faulted.tokens.size(), 24u);
+    if (beside) {
+      // Started over once: before the first token (a retry) or, on a host
+      // slow enough that it was out already, after it (a migration).
+      EXPECT_EQ(faulted.result.retries() + faulted.result.migrations(), 1);
+    }
+    EXPECT_FALSE(faulted.result.timings().reserve_kv_beside_prefill());
+    ExpectAllFree(*cluster);
+    const StreamResult clean = RunGenerate(cluster->baton(), request);
+    ASSERT_TRUE(clean.status.ok()) << clean.status.error_message();
+    EXPECT_EQ(clean.result.timings().reserve_kv_beside_prefill(), beside);
+    EXPECT_EQ(faulted.tokens, clean.tokens);
+    EXPECT_EQ(faulted.text, clean.text);
+    ExpectAllFree(*cluster);
+    ExpectCleanStop(*cluster);
+  }
 }
 
 TEST(ClusterFaultTest, EmptyPoolsAreUnavailableAtOnce) {
