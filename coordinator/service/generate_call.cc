@@ -175,6 +175,12 @@ async::Detach GenerateCall::Run(std::shared_ptr<GenerateCall> self) {
     BeginAttempt();
     status = co_await Route();
     if (status.ok()) status = co_await Serve();
+    if (overlap_in_flight_ != nullptr) {
+      // Serve ended before its reservation beside the Prefill did (and
+      // cancelled it): its end comes first.
+      co_await OverlapAwaiter(overlap_in_flight_.get());
+      overlap_in_flight_.reset();
+    }
     again = !status.ok() && EndAttempt(&status);
   }
   if (!status.ok()) Fail(std::move(status));
@@ -286,6 +292,7 @@ async::Task<absl::Status> GenerateCall::Serve() {
       ->Prefill(prefill->context(), prefill->request(), prefill.get());
   prefill->Start();
   if (overlap != nullptr) {
+    overlap_in_flight_ = overlap;
     ReserveBesidePrefill(shared_from_this(), overlap, id, *decode_, *prefill_);
   }
   async::AbandonOnExit prefill_guard(prefill.get());
@@ -326,6 +333,7 @@ async::Task<absl::Status> GenerateCall::Serve() {
     // The Decode names the reservation: wait for it (the first token is
     // out already).
     co_await OverlapAwaiter(overlap.get());
+    overlap_in_flight_.reset();
     if (absl::Status s = aborted(); !s.ok()) co_return s;
     if (!overlap->status.ok()) co_return overlap->status;
     reservation_ = overlap->reserved;

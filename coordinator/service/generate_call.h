@@ -187,6 +187,9 @@ class GenerateCall final : public CallHandle,
   v1::ReserveKvResponse reservation_;
   // Route's ReserveKv, for Serve to send beside the Prefill.
   std::optional<v1::ReserveKvRequest> overlap_request_;
+  // Serve's reservation beside the Prefill until Serve waited for its end;
+  // Run waits for one Serve left early (nothing of an attempt outlives it).
+  std::shared_ptr<Overlap> overlap_in_flight_;
   bool reserved_beside_prefill_ = false;  // for the result's timings
 
   // Progress, for the result.
