@@ -91,11 +91,6 @@ absl::StatusOr<v1::KvTarget> FollowingKvTargets::Await(
   return slot->ended;
 }
 
-int64_t FollowingKvTargets::size() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(slots_.size());
-}
-
 absl::StatusOr<HostTcpTarget> ParseHostTcpTarget(const v1::KvTarget& target) {
   HostTcpTarget out;
   const auto host_tcp = [](const v1::KvEndpoint& e) {

@@ -49,7 +49,6 @@ class FollowingKvTargets {
   // its wait ended, or DeadlineExceeded after `timeout`.
   absl::StatusOr<v1::KvTarget> Await(const std::string& request_id,
                                      absl::Duration timeout);
-  int64_t size() const;
 
  private:
   struct Slot {

@@ -61,25 +61,6 @@ class WorkerServiceFollowTest : public WorkerServiceTest {
     auto context = Context();
     return prefill.stub->SetKvTarget(context.get(), request, &response);
   }
-
-  static std::vector<int32_t> Decode(TestWorker& decode, const std::string& id,
-                                     const std::vector<int32_t>& prompt,
-                                     const v1::ReserveKvResponse& reserved,
-                                     int32_t first) {
-    v1::DecodeRequest request;
-    request.set_request_id(id);
-    request.set_transfer_id(reserved.transfer_id());
-    request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-    *request.mutable_sampling() = Greedy();
-    request.add_generated_token_ids(first);
-    Generated rest;
-    v1::DecodeResult result;
-    const grpc::Status status = RunDecode(decode, request, &rest, &result);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    std::vector<int32_t> tokens = {first};
-    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
-    return tokens;
-  }
 };
 
 // The first token arrives before the target is sent; the handoff waits for
@@ -118,7 +99,8 @@ TEST_F(WorkerServiceFollowTest, TheKvLeavesOnceItsTargetComes) {
     EXPECT_GT(reserved.cached_blocks(), 0);
     const grpc::Status status = reader->Finish();
     ASSERT_TRUE(status.ok()) << status.error_message();
-    EXPECT_EQ(Decode(*decode, id, prompt, reserved, expected[0]), expected);
+    EXPECT_EQ(DecodeAfter(*decode, id, prompt, reserved, expected[0]),
+              expected);
   }
   EXPECT_EQ(prefill->WaitAllFree().kv_blocks_free(),
             prefill->Load().kv_blocks_total());
@@ -168,7 +150,7 @@ TEST_F(WorkerServiceFollowTest, ATargetBeforeItsPrefillIsKept) {
       RunPrefill(*prefill, FollowingPrefill("early", prompt), &first, &handoff);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_TRUE(handoff);
-  EXPECT_EQ(Decode(*decode, "early", prompt, reserved, first), expected);
+  EXPECT_EQ(DecodeAfter(*decode, "early", prompt, reserved, first), expected);
 }
 
 TEST_F(WorkerServiceFollowTest, SetKvTargetNamesWhatIsWrong) {

@@ -217,9 +217,19 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     if (transport != nullptr) *transport = report.kv_transport();
     EXPECT_TRUE(prefilled.ok()) << prefilled.error_message();
     EXPECT_TRUE(handoff);
+    return DecodeAfter(decode, id, prompt, *reserved, first);
+  }
+
+  // Decode on `decode` of the reservation after the prefill's first token;
+  // the whole token stream.
+  static std::vector<int32_t> DecodeAfter(TestWorker& decode,
+                                          const std::string& id,
+                                          const std::vector<int32_t>& prompt,
+                                          const v1::ReserveKvResponse& reserved,
+                                          int32_t first) {
     v1::DecodeRequest decode_request;
     decode_request.set_request_id(id);
-    decode_request.set_transfer_id(reserved->transfer_id());
+    decode_request.set_transfer_id(reserved.transfer_id());
     decode_request.mutable_prompt_token_ids()->Add(prompt.begin(),
                                                    prompt.end());
     *decode_request.mutable_sampling() = Greedy();
