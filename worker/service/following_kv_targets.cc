@@ -10,6 +10,7 @@ namespace baton {
 
 absl::Status FollowingKvTargets::Expect(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
   DropExpiredLocked();
   std::shared_ptr<Slot>& slot = slots_[request_id];
   if (slot == nullptr) {
@@ -29,6 +30,7 @@ absl::Status FollowingKvTargets::Deliver(const std::string& request_id,
     return parsed.status();
   }
   absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
   DropExpiredLocked();
   std::shared_ptr<Slot>& slot = slots_[request_id];
   if (slot == nullptr) {
@@ -68,11 +70,22 @@ void FollowingKvTargets::End(const std::string& request_id,
   slots_.erase(it);
 }
 
+void FollowingKvTargets::Close(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  closed_ = why.ok() ? absl::UnavailableError("closed") : why;
+  for (auto& [id, slot] : slots_) {
+    if (slot->ended.ok()) slot->ended = closed_;
+  }
+  slots_.clear();
+  early_.clear();
+}
+
 absl::StatusOr<v1::KvTarget> FollowingKvTargets::Await(
     const std::string& request_id, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto it = slots_.find(request_id);
   if (it == slots_.end()) {
+    if (!closed_.ok()) return closed_;
     return absl::CancelledError(absl::StrCat(
         "the prefill of '", request_id, "' ended before its KV target came"));
   }

@@ -49,6 +49,9 @@ class FollowingKvTargets {
   // its wait ended, or DeadlineExceeded after `timeout`.
   absl::StatusOr<v1::KvTarget> Await(const std::string& request_id,
                                      absl::Duration timeout);
+  // Ends every wait with `why` (the worker is going), and refuses each
+  // later Expect with it. `why` must not be OK.
+  void Close(const absl::Status& why);
 
  private:
   struct Slot {
@@ -71,6 +74,7 @@ class FollowingKvTargets {
     std::weak_ptr<Slot> slot;
   };
   std::deque<Early> early_ ABSL_GUARDED_BY(mu_);  // by expiry
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);      // OK while open
 };
 
 // The HOST_TCP endpoint of `target` (its endpoint or an alternative) and

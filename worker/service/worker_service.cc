@@ -64,6 +64,9 @@ WorkerService::~WorkerService() {
   receiver_.reset();
   device_receiver_.reset();
   loop_.reset();
+  // A handoff whose target follows its Prefill stops waiting for it (the
+  // server's shutdown cancels its stream too, but only at its deadline).
+  following_.Close(absl::UnavailableError("worker shutting down"));
   // Every Prefill and Decode stream still fed by the engine ends here, so
   // each reactor is closed (and freed) before the service goes.
   engine_->Shutdown(absl::UnavailableError("worker shutting down"));

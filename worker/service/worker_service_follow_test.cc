@@ -2,13 +2,18 @@
 // SetKvTarget): the prompt is computed before the target comes, its KV
 // leaves once it does, and the tokens are those of a target sent with the
 // Prefill; a target that never comes fails the handoff and frees every
-// block; SetKvTarget's errors name the request.
+// block; SetKvTarget's errors name the request; a worker that goes ends
+// every wait.
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/service/following_kv_targets.h"
 #include "worker/service/worker_service.h"
 #include "worker/service/worker_service_test_fixture.h"
 
@@ -173,6 +178,28 @@ TEST_F(WorkerServiceFollowTest, SetKvTargetNamesWhatIsWrong) {
               HasSubstr("HOST_TCP"));
   EXPECT_EQ(SetTarget(*prefill, "", target).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The worker going ends a wait at once (not at the handoff timeout), and
+// no Prefill or target is taken after it.
+TEST(FollowingKvTargetsTest, CloseEndsEveryWaitAndRefusesNewOnes) {
+  FollowingKvTargets targets(absl::Hours(1));
+  ASSERT_TRUE(targets.Expect("waiting").ok());
+  absl::Status ended;
+  std::thread waiter(
+      [&] { ended = targets.Await("waiting", absl::Hours(1)).status(); });
+  targets.Close(absl::UnavailableError("worker shutting down"));
+  waiter.join();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(ended.message(), HasSubstr("shutting down"));
+  EXPECT_EQ(targets.Expect("later").code(), absl::StatusCode::kUnavailable);
+  v1::KvTarget target;
+  target.mutable_endpoint()->set_address("127.0.0.1:1");
+  target.set_transfer_id("12");
+  EXPECT_EQ(targets.Deliver("later", target).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(targets.Await("later", absl::Hours(1)).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
