@@ -100,6 +100,20 @@ void KvHandoff::Run() {
       status = opened.status();
     }
   }
+  // The blocks the destination holds already leave with no layer.
+  size_t skip = 0;
+  if (sink != nullptr) {
+    const int64_t held = sink->leading_blocks_held();
+    if (held < 0 || held >= static_cast<int64_t>(block_ids_.size())) {
+      status = absl::InternalError(absl::StrCat("the KV sink holds ", held,
+                                                " leading blocks of ",
+                                                block_ids_.size(), " sent"));
+    } else {
+      skip = static_cast<size_t>(held);
+    }
+  }
+  const std::span<const std::span<const uint8_t>> sent =
+      std::span<const std::span<const uint8_t>>(chunks).subspan(skip);
   uint64_t bytes = 0;
   for (int64_t layer = 0; status.ok() && layer < num_layers; ++layer) {
     {
@@ -117,8 +131,8 @@ void KvHandoff::Run() {
     for (size_t i = 0; i < block_ids_.size(); ++i) {
       chunks[i] = {pool_.Chunk(layer, block_ids_[i]), chunk};
     }
-    status = sink->SendLayerChunks(layer, chunks, gate_);
-    bytes += chunks.size() * chunk;
+    status = sink->SendLayerChunks(layer, sent, gate_);
+    bytes += sent.size() * chunk;
     if (status.ok()) status = FaultPoints::Global().Hit(kFaultKvLayerSent);
   }
   if (status.ok()) {

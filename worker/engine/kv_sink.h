@@ -56,6 +56,12 @@ class KvSink {
   virtual absl::Status Finish() = 0;
   // Abandons the handoff; the destination learns `reason`. Best effort.
   virtual void Abort(absl::Status reason) = 0;
+  // Blocks at the start of each layer (of those the handoff was opened
+  // with, from KvSinkInfo::first_block) that this sink does not take, the
+  // destination holding them already: a sink opened before its target said
+  // which. The handoff leaves them out of every layer and of its byte
+  // count. Read once, after the sink is opened.
+  virtual int64_t leading_blocks_held() const { return 0; }
 };
 
 // Opens the sink of one handoff; called on the handoff's sender thread.

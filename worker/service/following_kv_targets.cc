@@ -134,19 +134,4 @@ absl::StatusOr<HostTcpTarget> ParseHostTcpTarget(const v1::KvTarget& target) {
   return out;
 }
 
-absl::Status SkipLeadingBlocksSink::SendLayer(int64_t layer,
-                                              std::span<const uint8_t> bytes) {
-  if (skip_ == 0) return inner_->SendLayer(layer, bytes);
-  const size_t chunk = bytes.size() / static_cast<size_t>(blocks_);
-  return inner_->SendLayer(layer,
-                           bytes.subspan(static_cast<size_t>(skip_) * chunk));
-}
-
-absl::Status SkipLeadingBlocksSink::SendLayerChunks(
-    int64_t layer, std::span<const std::span<const uint8_t>> chunks,
-    KvReadGate& gate) {
-  return inner_->SendLayerChunks(
-      layer, chunks.subspan(static_cast<size_t>(skip_)), gate);
-}
-
 }  // namespace baton

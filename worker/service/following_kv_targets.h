@@ -85,26 +85,30 @@ struct HostTcpTarget {
 };
 absl::StatusOr<HostTcpTarget> ParseHostTcpTarget(const v1::KvTarget& target);
 
-// A sink that leaves out each layer's first `skip` blocks of `blocks` and
-// hands the rest to `inner`: a handoff opened from block 0 before its
-// target said which blocks the decode worker already holds.
-class SkipLeadingBlocksSink : public KvSink {
+// A sink opened from block 0 before its target said which blocks the
+// decode worker already holds: `inner` (opened at the target's first
+// block) takes the rest, and the handoff leaves out each layer's first
+// `held` blocks (KvSink::leading_blocks_held).
+class HeldLeadingBlocksSink : public KvSink {
  public:
-  SkipLeadingBlocksSink(std::unique_ptr<KvSink> inner, int64_t skip,
-                        int64_t blocks)
-      : inner_(std::move(inner)), skip_(skip), blocks_(blocks) {}
+  HeldLeadingBlocksSink(std::unique_ptr<KvSink> inner, int64_t held)
+      : inner_(std::move(inner)), held_(held) {}
   absl::Status SendLayer(int64_t layer,
-                         std::span<const uint8_t> bytes) override;
+                         std::span<const uint8_t> bytes) override {
+    return inner_->SendLayer(layer, bytes);
+  }
   absl::Status SendLayerChunks(int64_t layer,
                                std::span<const std::span<const uint8_t>> chunks,
-                               KvReadGate& gate) override;
+                               KvReadGate& gate) override {
+    return inner_->SendLayerChunks(layer, chunks, gate);
+  }
   absl::Status Finish() override { return inner_->Finish(); }
   void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+  int64_t leading_blocks_held() const override { return held_; }
 
  private:
   std::unique_ptr<KvSink> inner_;
-  const int64_t skip_;
-  const int64_t blocks_;
+  const int64_t held_;
 };
 
 }  // namespace baton

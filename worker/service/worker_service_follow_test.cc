@@ -79,9 +79,17 @@ TEST_F(WorkerServiceFollowTest, TheKvLeavesOnceItsTargetComes) {
   const std::vector<int32_t> prompt =
       Prompt("Name three colors, then three animals, then three cities.");
   v1::ReserveKvResponse sent_with;
-  const std::vector<int32_t> expected =
-      Split(*prefill, *decode, "with-target", prompt, &sent_with);
+  v1::PrefillHandoff whole;
+  const std::vector<int32_t> expected = Split(
+      *prefill, *decode, "with-target", prompt, &sent_with, nullptr, &whole);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kMaxTokens));
+  // Every block of the prompt moved that time.
+  ASSERT_EQ(sent_with.cached_blocks(), 0);
+  const int64_t block_size = prefill->engine->kv_cache().layout().block_size;
+  const int64_t blocks =
+      (static_cast<int64_t>(prompt.size()) + block_size - 1) / block_size;
+  ASSERT_EQ(whole.kv_transfer_bytes() % blocks, 0);
+  const int64_t block_bytes = whole.kv_transfer_bytes() / blocks;
 
   for (const char* id : {"follows-1", "follows-2"}) {
     SCOPED_TRACE(id);
@@ -100,8 +108,10 @@ TEST_F(WorkerServiceFollowTest, TheKvLeavesOnceItsTargetComes) {
     ASSERT_TRUE(reader->Read(&message));
     ASSERT_TRUE(message.has_handoff());
     // The decode worker cached the prompt's blocks from the turn before:
-    // only the rest moves.
+    // only the rest moves, and only that is counted.
     EXPECT_GT(reserved.cached_blocks(), 0);
+    EXPECT_EQ(message.handoff().kv_transfer_bytes(),
+              (blocks - reserved.cached_blocks()) * block_bytes);
     const grpc::Status status = reader->Finish();
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(DecodeAfter(*decode, id, prompt, reserved, expected[0]),

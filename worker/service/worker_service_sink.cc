@@ -110,8 +110,8 @@ KvSinkFactory WorkerService::FollowingKvSink(const std::string& id) {
     absl::StatusOr<std::unique_ptr<KvSink>> sink = TcpKvSink(
         tcp->address, tcp->transfer_id, target->transfer_secret())(sent);
     if (!sink.ok()) return sink.status();
-    return std::make_unique<SkipLeadingBlocksSink>(
-        std::move(*sink), first - info.first_block, blocks - info.first_block);
+    return std::make_unique<HeldLeadingBlocksSink>(std::move(*sink),
+                                                   first - info.first_block);
   };
 }
 

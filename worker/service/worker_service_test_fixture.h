@@ -184,11 +184,11 @@ class WorkerServiceTest : public testing::DefaultModelTest {
 
   // ReserveKv on `decode`, Prefill on `prefill` with every endpoint the
   // reservation offered, Decode on `decode`; the whole token stream.
-  static std::vector<int32_t> Split(TestWorker& prefill, TestWorker& decode,
-                                    const std::string& id,
-                                    const std::vector<int32_t>& prompt,
-                                    v1::ReserveKvResponse* reserved,
-                                    v1::KvTransport* transport = nullptr) {
+  static std::vector<int32_t> Split(
+      TestWorker& prefill, TestWorker& decode, const std::string& id,
+      const std::vector<int32_t>& prompt, v1::ReserveKvResponse* reserved,
+      v1::KvTransport* transport = nullptr,
+      v1::PrefillHandoff* handoff_report = nullptr) {
     v1::ReserveKvRequest reserve;
     reserve.set_request_id(id);
     reserve.set_model_id("smollm2");
@@ -215,6 +215,7 @@ class WorkerServiceTest : public testing::DefaultModelTest {
     const grpc::Status prefilled =
         RunPrefill(prefill, request, &first, &handoff, &report);
     if (transport != nullptr) *transport = report.kv_transport();
+    if (handoff_report != nullptr) *handoff_report = report;
     EXPECT_TRUE(prefilled.ok()) << prefilled.error_message();
     EXPECT_TRUE(handoff);
     return DecodeAfter(decode, id, prompt, *reserved, first);
