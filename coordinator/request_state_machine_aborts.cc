@@ -49,8 +49,11 @@ Transition RequestStateMachine::FailAttemptLocked(
         failed_prefill.push_back(*rec.prefill);
       }
       if (split && *who == rec.decode->id) failed_decode.push_back(*rec.decode);
-    } else if (FromWorkerRpc(error, WorkerRpc::kPrefill) &&
+    } else if ((FromWorkerRpc(error, WorkerRpc::kPrefill) ||
+                FromWorkerRpc(error, WorkerRpc::kSetKvTarget)) &&
                rec.prefill.has_value()) {
+      // The prefill worker failed its Prefill, or the target sent after it
+      // (it is gone, or going): the next attempt goes elsewhere.
       retriable = true;
       failed_prefill.push_back(*rec.prefill);
     } else if (FromWorkerRpc(error, WorkerRpc::kDecode) &&

@@ -202,6 +202,28 @@ TEST_F(RequestStateMachineAttemptsTest, AReservationBesideThePrefillRetries) {
   ExpectClean();
 }
 
+// The target of that reservation, sent to the prefill worker after its
+// Prefill, failed as a dead worker's call does (UNAVAILABLE): the next
+// attempt excludes that prefill worker, as a failed Prefill's would; any
+// other error of it ends the request.
+TEST_F(RequestStateMachineAttemptsTest, ALostSetKvTargetExcludesThePrefill) {
+  ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r1", State::kPrefilling, kP, kD));
+  Transition t = Ok(sm_->OnAttemptFailed(
+      "r1", TagWorkerRpc(absl::UnavailableError("connection refused"),
+                         WorkerRpc::kSetKvTarget)));
+  ExpectEnded(t, Next::kRetry, {CancelOnWorker(kP, "r1"), FreeKv(kD, "r1")});
+  ExpectRequeued("r1", "r1/retry1", 2, {kP}, {});
+  ASSERT_TRUE(sm_->Admit("r2", RequestSpec{100, 50}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP2, kD));
+  t = Ok(sm_->OnAttemptFailed(
+      "r2", TagWorkerRpc(absl::FailedPreconditionError("already has one"),
+                         WorkerRpc::kSetKvTarget)));
+  ExpectEnded(t, Next::kFail, {CancelOnWorker(kP2, "r2"), FreeKv(kD, "r2")});
+  ASSERT_TRUE(sm_->Cancel("r1", "done").ok());
+  ExpectClean();
+}
+
 TEST_F(RequestStateMachineAttemptsTest, WorkerDownMidTransferStartsAttempts) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
   ASSERT_TRUE(sm_->Admit("r2", RequestSpec{40, 10}).ok());

@@ -81,6 +81,9 @@ struct WorkerRegistration {
   int32_t context_length = 0;
   // Where its prefix chains start (prefix_hash.h); unset: no prefix cache.
   std::optional<BlockHash> prefix_root;
+  // The device holding its KV pool ("HOST/GPU-UUID"); empty: host memory,
+  // so its KV moves over HOST_TCP only.
+  std::string kv_device;
 };
 
 // The registry's view of one worker (current incarnation).

@@ -27,6 +27,9 @@ enum class WorkerRpc : char {
   // A ReserveKv made beside the Prefill (ClusterOptions::
   // overlap_reserve_kv), whose refusal starts the request over.
   kReserveKvBesidePrefill = 'b',
+  // The reservation's target sent to the prefill worker after its Prefill
+  // (SetKvTarget).
+  kSetKvTarget = 't',
 };
 inline constexpr absl::string_view kWorkerRpcPayload =
     "type.baton.dev/baton.WorkerRpc";
@@ -43,6 +46,8 @@ inline absl::string_view WorkerRpcName(WorkerRpc rpc) {
       return "Decode";
     case WorkerRpc::kReserveKvBesidePrefill:
       return "ReserveKv (beside the Prefill)";
+    case WorkerRpc::kSetKvTarget:
+      return "SetKvTarget";
   }
   return "?";
 }

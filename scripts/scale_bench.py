@@ -208,7 +208,7 @@ def points_of(a, workers):
         # The added latency in three parts: the ReserveKv round trip to the
         # decode worker, the coordinator's own time before the Prefill call
         # leaves it (queue_ms less that round trip, unless the reservation
-        # was made beside the Prefill: --overlap_reserve_kv), and the Prefill
+        # was made beside the Prefill, the default), and the Prefill
         # round trip less the worker's compute (from the call leaving to the
         # first token leaving the coordinator).
         reserve = [s.get("reserve_kv_ms", 0) for s in srv]

@@ -88,10 +88,11 @@ struct ClusterOptions {
   // round trip less before the first token. A reservation refused then
   // ends that attempt, and the next one reserves first. Only a request's
   // first attempt, and only when the pool had room in the coordinator's
-  // view (a request that waits for room reserves first); HOST_TCP handoffs
-  // only (the prefill worker cannot pick a device-direct transport before
-  // the reservation names it).
-  bool overlap_reserve_kv = false;
+  // view (a request that waits for room reserves first), and only to a
+  // decode worker whose KV is in host memory (one that registered a
+  // kv_device offers device-direct transports, which the prefill worker
+  // picks only from a reservation it has before it starts).
+  bool overlap_reserve_kv = true;
   // Threads that run every Generate call's coroutine (1..64): calls hold
   // none while they wait, so a few serve thousands of streams.
   int call_threads = 4;

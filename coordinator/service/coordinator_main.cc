@@ -6,7 +6,7 @@
 //                     [--engine_stall_timeout_ms=N]
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--max_attempts=N] [--max_migrations=N]
-//                     [--overlap_reserve_kv]
+//                     [--overlap_reserve_kv=true|false]
 //                     [--ttft_slo_ms=N]
 //                     [--max_waiting_requests=N] [--max_running_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
@@ -84,10 +84,11 @@ ABSL_FLAG(int32_t, max_attempts, 3,
 ABSL_FLAG(int32_t, max_migrations, 2,
           "times a request whose decode worker fails after tokens were "
           "streamed continues on another decode worker (0: never)");
-ABSL_FLAG(bool, overlap_reserve_kv, false,
+ABSL_FLAG(bool, overlap_reserve_kv, true,
           "split serving: send Prefill at once and reserve the decode "
           "worker's KV beside it (one round trip less before the first "
-          "token; HOST_TCP handoffs only)");
+          "token; decode workers with host KV only); false: reserve "
+          "first");
 ABSL_FLAG(int64_t, ttft_slo_ms, 0,
           "refuse a request at once (RESOURCE_EXHAUSTED, HTTP 429 with "
           "Retry-After) when its estimated time to first token, from the "
@@ -446,7 +447,8 @@ int main(int argc, char** argv) {
       "[--policy=least_loaded|round_robin] [--heartbeat_ms=N] "
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
-      "[--max_attempts=N] [--max_migrations=N] [--overlap_reserve_kv] "
+      "[--max_attempts=N] [--max_migrations=N] "
+      "[--overlap_reserve_kv=true|false] "
       "[--ttft_slo_ms=N] "
       "[--max_waiting_requests=N] [--max_running_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "

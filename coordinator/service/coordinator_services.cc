@@ -133,6 +133,13 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
     }
     registration.prefix_root = HashFromBytes(request->prefix_root());
   }
+  if (constexpr size_t kMaxKvDevice = 256;
+      request->kv_device().size() > kMaxKvDevice) {
+    return Finish(context, absl::InvalidArgumentError(absl::StrCat(
+                               "kv_device: at most ", kMaxKvDevice,
+                               " bytes, got ", request->kv_device().size())));
+  }
+  registration.kv_device = request->kv_device();
   auto ref = cluster_->registry().Register(registration);
   if (!ref.ok()) return Finish(context, ref.status());
   // A new registration starts from the snapshot its first heartbeat sends.

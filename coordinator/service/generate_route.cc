@@ -122,7 +122,7 @@ async::Task<absl::Status> GenerateCall::Route() {
           absl::Seconds(5)));
     }
     if (!wait && cluster_->options().overlap_reserve_kv &&
-        attempt_ == job_.internal_id) {
+        attempt_ == job_.internal_id && target.registration.kv_device.empty()) {
       // The pool has room in this replica's view: Serve makes the
       // reservation beside the Prefill. A refusal ends the attempt, and
       // the next one (any but the first) reserves first.
@@ -263,8 +263,7 @@ async::Detach GenerateCall::ReserveBesidePrefill(
         co_await async::Unary(executor, [&](grpc::ClientUnaryReactor* reactor) {
           stub->async()->SetKvTarget(&context, &request, &response, reactor);
         });
-    if (!rpc.ok())
-      status = WorkerError(prefill, WorkerRpc::kPrefillHandoff, rpc);
+    if (!rpc.ok()) status = WorkerError(prefill, WorkerRpc::kSetKvTarget, rpc);
   }
   overlap->status = status;
   // The attempt ends at once: its Prefill stream is cancelled, and Run asks

@@ -3,12 +3,14 @@
 // its worker RPCs use gRPC's callback API. Two minimal fake workers
 // (scale_fixture.h) and a client of callback reactors keep 5,000 requests
 // in flight inside one process; the test counts the process's threads then,
-// and every request still ends with its result.
+// and every request still ends with its result. The same fakes show which
+// requests reserve beside their Prefill.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,51 +39,86 @@ constexpr int kStreams = 5000;
 // coordinator's executor and sweeper, and the test's own.
 constexpr int kMaxThreads = 64;
 
-TEST(GenerateScaleTest, FiveThousandStreamsCostAFewThreads) {
-  auto model = ServedModel::Load(testing::DefaultModelPath());
-  ASSERT_TRUE(model.ok()) << model.status();
-  // Slowness is not what this test is about (a sanitizer build on a busy
-  // host reaches 5,000 streams in minutes): no queue or transfer timeout.
-  auto cluster =
-      Cluster::Create(ScaleOptions(kStreams), std::move(*model), RealClock());
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ControlPlaneService control_plane(cluster->get());
-  BatonService api(cluster->get());
-  auto coordinator = StartServer(
-      "127.0.0.1:0", {{&control_plane, v1::Coordinator::service_full_name()},
-                      {&api, v1::Baton::service_full_name()}});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto channel = grpc::CreateChannel(coordinator->address,
-                                     grpc::InsecureChannelCredentials());
-  auto baton = v1::Baton::NewStub(channel);
-  auto control = v1::Coordinator::NewStub(channel);
-
+// A coordinator in this process and two fake workers, a prefill and a
+// decode one, registered with it.
+struct FakeCluster {
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<ControlPlaneService> control_plane;
+  std::unique_ptr<BatonService> api;
+  std::optional<RunningServer> coordinator;
+  std::unique_ptr<v1::Baton::Stub> baton;
   FakeWorker prefill_service;
   FakeWorker decode_service;
   std::vector<RunningServer> workers;
-  for (auto [service, role] :
-       {std::pair{&prefill_service, v1::WORKER_ROLE_PREFILL},
-        std::pair{&decode_service, v1::WORKER_ROLE_DECODE}}) {
-    auto running = StartServer("127.0.0.1:0",
-                               {{service, v1::Worker::service_full_name()}});
-    ASSERT_TRUE(running.ok()) << running.status();
-    const absl::Status registered = RegisterFakeWorker(
-        *control, running->address, role, (*cluster)->model().id());
-    ASSERT_TRUE(registered.ok()) << registered;
-    workers.push_back(std::move(*running));
+
+  // `decode_kv_device`: the decode worker's KV is on that device.
+  static std::unique_ptr<FakeCluster> Start(
+      const ClusterOptions& options, const std::string& decode_kv_device = "") {
+    auto model = ServedModel::Load(testing::DefaultModelPath());
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return nullptr;
+    auto out = std::make_unique<FakeCluster>();
+    auto cluster = Cluster::Create(options, std::move(*model), RealClock());
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return nullptr;
+    out->cluster = std::move(*cluster);
+    out->control_plane =
+        std::make_unique<ControlPlaneService>(out->cluster.get());
+    out->api = std::make_unique<BatonService>(out->cluster.get());
+    auto coordinator = StartServer(
+        "127.0.0.1:0",
+        {{out->control_plane.get(), v1::Coordinator::service_full_name()},
+         {out->api.get(), v1::Baton::service_full_name()}});
+    EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+    if (!coordinator.ok()) return nullptr;
+    out->coordinator = std::move(*coordinator);
+    auto channel = grpc::CreateChannel(out->coordinator->address,
+                                       grpc::InsecureChannelCredentials());
+    out->baton = v1::Baton::NewStub(channel);
+    auto control = v1::Coordinator::NewStub(channel);
+    for (auto [service, role] :
+         {std::pair{&out->prefill_service, v1::WORKER_ROLE_PREFILL},
+          std::pair{&out->decode_service, v1::WORKER_ROLE_DECODE}}) {
+      auto running = StartServer("127.0.0.1:0",
+                                 {{service, v1::Worker::service_full_name()}});
+      EXPECT_TRUE(running.ok()) << running.status();
+      if (!running.ok()) return nullptr;
+      const absl::Status registered = RegisterFakeWorker(
+          *control, running->address, role, out->cluster->model().id(),
+          role == v1::WORKER_ROLE_DECODE ? decode_kv_device : "");
+      EXPECT_TRUE(registered.ok()) << registered;
+      if (!registered.ok()) return nullptr;
+      out->workers.push_back(std::move(*running));
+    }
+    return out;
   }
+
+  ~FakeCluster() {
+    if (coordinator.has_value())
+      scale::StopAll(*cluster, *coordinator, workers);
+  }
+};
+
+TEST(GenerateScaleTest, FiveThousandStreamsCostAFewThreads) {
+  // Slowness is not what this test is about (a sanitizer build on a busy
+  // host reaches 5,000 streams in minutes): no queue or transfer timeout.
+  auto fake = FakeCluster::Start(ScaleOptions(kStreams));
+  ASSERT_NE(fake, nullptr);
+  Cluster* cluster = fake->cluster.get();
+  v1::Baton::Stub* baton = fake->baton.get();
+  FakeWorker& decode_service = fake->decode_service;
 
   const int threads_before = ProcessThreads();
   std::vector<std::unique_ptr<ClientStream>> streams;
   streams.reserve(kStreams);
   for (int i = 0; i < kStreams; ++i) {
-    streams.push_back(std::make_unique<ClientStream>(baton.get()));
+    streams.push_back(std::make_unique<ClientStream>(baton));
   }
   // Every request holds its first token and waits in its Decode stream.
   EXPECT_TRUE(Eventually([&] { return decode_service.held() == kStreams; }))
       << decode_service.held() << " of " << kStreams << " reached Decode";
   const int threads_in_flight = ProcessThreads();
-  const int calls = (*cluster)->active_calls();
+  const int calls = cluster->active_calls();
   std::printf(
       "%d streams in flight (%d coordinator calls): %d threads in the process "
       "(%d before the first request)\n",
@@ -106,8 +143,38 @@ TEST(GenerateScaleTest, FiveThousandStreamsCostAFewThreads) {
   }
   EXPECT_EQ(finished, kStreams);
   streams.clear();
-  EXPECT_TRUE(Eventually([&] { return (*cluster)->active_calls() == 0; }));
-  scale::StopAll(**cluster, *coordinator, workers);
+  EXPECT_TRUE(Eventually([&] { return cluster->active_calls() == 0; }));
+}
+
+// By default the decode worker's reservation is made beside the Prefill
+// (the Prefill carries kv_target_follows, SetKvTarget follows), unless the
+// decode worker's KV is on a device (its device-direct transports are named
+// by the reservation, which the prefill worker needs before it starts) or
+// the coordinator was told to reserve first.
+TEST(GenerateRouteTest, TheReservationGoesBesideThePrefillForAHostKvPool) {
+  struct Case {
+    const char* name;
+    bool overlap;
+    const char* decode_kv_device;
+    bool beside;
+  };
+  for (const Case& c : {Case{"host KV", true, "", true},
+                        Case{"device KV", true, "host/gpu-0", false},
+                        Case{"reserve first", false, "", false}}) {
+    SCOPED_TRACE(c.name);
+    ClusterOptions options = ScaleOptions(1);
+    options.overlap_reserve_kv = c.overlap;
+    auto fake = FakeCluster::Start(options, c.decode_kv_device);
+    ASSERT_NE(fake, nullptr);
+    ClientStream stream(fake->baton.get());
+    ASSERT_TRUE(Eventually([&] { return fake->decode_service.held() == 1; }));
+    fake->decode_service.ReleaseAll();
+    ASSERT_TRUE(Eventually([&] { return stream.done(); }));
+    EXPECT_EQ(stream.Outcome(), "FINISH_REASON_LENGTH");
+    EXPECT_EQ(stream.result().timings().reserve_kv_beside_prefill(), c.beside);
+    EXPECT_EQ(fake->prefill_service.prefills_followed(), c.beside ? 1 : 0);
+    EXPECT_EQ(fake->prefill_service.prefills_with_target(), c.beside ? 0 : 1);
+  }
 }
 
 }  // namespace

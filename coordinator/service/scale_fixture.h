@@ -66,14 +66,23 @@ class HeldDecode final : public grpc::ServerWriteReactor<v1::DecodeResponse> {
   v1::DecodeResponse response_;
 };
 
-// The Worker service of both fake workers: ReserveKv and Cancel succeed,
-// Prefill streams its first token and ends, Decode is held.
+// The Worker service of both fake workers: ReserveKv, SetKvTarget and
+// Cancel succeed, Prefill streams its first token and ends, Decode is held.
 class FakeWorker final : public v1::Worker::CallbackService {
  public:
   grpc::ServerUnaryReactor* ReserveKv(
       grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
       v1::ReserveKvResponse* response) override {
     response->set_transfer_id(request->request_id());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  // The coordinator's default sends the reservation's target after the
+  // Prefill; the fake's Prefill does not wait for it.
+  grpc::ServerUnaryReactor* SetKvTarget(grpc::CallbackServerContext* context,
+                                        const v1::SetKvTargetRequest*,
+                                        v1::SetKvTargetResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -86,7 +95,13 @@ class FakeWorker final : public v1::Worker::CallbackService {
     return reactor;
   }
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
-      grpc::CallbackServerContext*, const v1::PrefillRequest*) override {
+      grpc::CallbackServerContext*,
+      const v1::PrefillRequest* request) override {
+    {
+      absl::MutexLock lock(&mu_);
+      (request->kv_target_follows() ? prefills_followed_
+                                    : prefills_with_target_) += 1;
+    }
     class FirstToken final
         : public grpc::ServerWriteReactor<v1::PrefillResponse> {
      public:
@@ -112,6 +127,16 @@ class FakeWorker final : public v1::Worker::CallbackService {
     absl::MutexLock lock(&mu_);
     return static_cast<int>(held_.size());
   }
+  // Prefills whose KV target came with them, and those sent with
+  // kv_target_follows.
+  int prefills_with_target() {
+    absl::MutexLock lock(&mu_);
+    return prefills_with_target_;
+  }
+  int prefills_followed() {
+    absl::MutexLock lock(&mu_);
+    return prefills_followed_;
+  }
   // Ends every held stream that has not ended (each ends once: Release or
   // OnCancel).
   void ReleaseAll() {
@@ -122,6 +147,8 @@ class FakeWorker final : public v1::Worker::CallbackService {
  private:
   absl::Mutex mu_;
   std::vector<std::unique_ptr<HeldDecode>> held_ ABSL_GUARDED_BY(mu_);
+  int prefills_with_target_ ABSL_GUARDED_BY(mu_) = 0;
+  int prefills_followed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One client stream: counts what arrives, records how it ended.
@@ -225,11 +252,13 @@ inline ClusterOptions ScaleOptions(int streams) {
   return options;
 }
 
-// Registers a fake worker of `role` at `address` with `control`.
+// Registers a fake worker of `role` at `address` with `control`; a
+// `kv_device` says its KV pool is on that device.
 inline absl::Status RegisterFakeWorker(v1::Coordinator::Stub& control,
                                        const std::string& address,
                                        v1::WorkerRole role,
-                                       const std::string& model_id) {
+                                       const std::string& model_id,
+                                       const std::string& kv_device = "") {
   v1::RegisterWorkerRequest request;
   request.set_role(role);
   request.set_address(address);
@@ -241,6 +270,10 @@ inline absl::Status RegisterFakeWorker(v1::Coordinator::Stub& control,
   layout->set_block_size(16);
   layout->set_dtype(v1::KV_DTYPE_F16);
   request.set_kv_blocks_total(int64_t{1} << 24);
+  if (!kv_device.empty()) {
+    request.add_kv_transports(v1::KV_TRANSPORT_CUDA_IPC);
+    request.set_kv_device(kv_device);
+  }
   request.add_kv_transports(v1::KV_TRANSPORT_HOST_TCP);
   request.set_context_length(8192);
   request.set_vocab_size(49152);

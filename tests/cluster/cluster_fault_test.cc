@@ -150,9 +150,9 @@ TEST(ClusterFaultTest, OrphanedReservationIsFreedAndRequestsProceed) {
 // 10 s queue timeout (the worker refuses a second reservation of a request
 // id it still holds).
 //
-// The same for a reservation made beside the Prefill (--overlap_reserve_kv):
-// the Prefill already running is cancelled, and the next attempt reserves
-// first.
+// The same for a reservation made beside the Prefill (the default; the
+// other with --overlap_reserve_kv=false): the Prefill already running is
+// cancelled, and the next attempt reserves first.
 TEST(ClusterFaultTest, LostReserveKvReplyIsFreedAndTheRequestProceeds) {
   for (const bool beside : {false, true}) {
     SCOPED_TRACE(beside ? "beside the Prefill" : "reserved first");
@@ -160,7 +160,9 @@ TEST(ClusterFaultTest, LostReserveKvReplyIsFreedAndTheRequestProceeds) {
     options.heartbeat_ms = 30000;
     options.lease_ttl_ms = 120000;
     options.coordinator_flags = {"--queue_timeout_ms=10000"};
-    if (beside) options.coordinator_flags.push_back("--overlap_reserve_kv");
+    if (!beside) {
+      options.coordinator_flags.push_back("--overlap_reserve_kv=false");
+    }
     options.flags_of_worker[1] = {"--fault=kv_reserved:error"};
     auto cluster = StartOrDie(options);
     ASSERT_NE(cluster, nullptr);

@@ -25,9 +25,10 @@ struct Shape {
   int prefill;
   int decode;
   int both;
-  // The coordinator's --overlap_reserve_kv: the decode worker's
-  // reservation made beside the Prefill.
-  bool overlap = false;
+  // The coordinator's --overlap_reserve_kv=false: the decode worker's
+  // reservation made before the Prefill is sent (the default makes it
+  // beside the Prefill).
+  bool reserve_first = false;
 };
 
 constexpr Shape kShapes[] = {
@@ -35,7 +36,7 @@ constexpr Shape kShapes[] = {
     {"2P1D", 2, 1, 0},
     {"1P2D", 1, 2, 0},
     {"2C", 0, 0, 2},
-    {"1P2D, reserved beside the prefill", 1, 2, 0, true}};
+    {"1P2D, reserved before the prefill", 1, 2, 0, true}};
 
 // One process for every shape: the in-process reference (the expensive part
 // under the sanitizers) is computed once.
@@ -76,7 +77,9 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
   options.prefill = shape.prefill;
   options.decode = shape.decode;
   options.both = shape.both;
-  if (shape.overlap) options.coordinator_flags = {"--overlap_reserve_kv"};
+  if (shape.reserve_first) {
+    options.coordinator_flags = {"--overlap_reserve_kv=false"};
+  }
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
@@ -98,6 +101,7 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
 
   std::set<std::string> prefill_workers;
   std::set<std::string> decode_workers;
+  int reserved_beside = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(absl::StrCat(shape.name, " request ", i));
     const StreamResult& r = results[i];
@@ -126,15 +130,26 @@ void ClusterEquivalenceTest::CheckShape(const Shape& shape) {
                 r.result.decode_worker().worker_id());
       EXPECT_GT(r.result.timings().kv_transfer_bytes(), 0);
       EXPECT_GT(r.result.timings().kv_transfer_ms(), 0.0);
-      // The ReserveKv round trip is part of the time before the Prefill,
-      // or overlaps the Prefill.
+      // The ReserveKv round trip overlaps the Prefill, or (reserving
+      // first, or waiting for a pool with no room) is part of the time
+      // before it.
       EXPECT_GT(r.result.timings().reserve_kv_ms(), 0.0);
-      EXPECT_EQ(r.result.timings().reserve_kv_beside_prefill(), shape.overlap);
-      if (!shape.overlap) {
+      const bool beside = r.result.timings().reserve_kv_beside_prefill();
+      if (shape.reserve_first) {
+        EXPECT_FALSE(beside);
+      }
+      if (beside) {
+        ++reserved_beside;
+      } else {
         EXPECT_LE(r.result.timings().reserve_kv_ms(),
                   r.result.timings().queue_ms());
       }
     }
+  }
+  // By default a request whose decode pool has room reserves beside its
+  // Prefill (the first ones, at least, find room).
+  if (shape.both == 0 && !shape.reserve_first) {
+    EXPECT_GT(reserved_beside, 0);
   }
   // Every worker of each pool took part.
   EXPECT_EQ(static_cast<int>(prefill_workers.size()),
