@@ -37,9 +37,11 @@ class FollowingKvTargets {
   // Registers the wait of `request_id` (taking a target that came first).
   // AlreadyExists if it has one.
   absl::Status Expect(const std::string& request_id);
-  // Delivers its target. FailedPrecondition for a second one,
-  // InvalidArgument for a target without a HOST_TCP endpoint or a transfer
-  // id.
+  // Delivers its target. FailedPrecondition for a second one while the
+  // first is kept, InvalidArgument for a target without a HOST_TCP endpoint
+  // or a transfer id. A target that comes after its Prefill ended is kept
+  // as an early one (and OK): the coordinator learns how the attempt ended
+  // from the Prefill's stream, not from this call.
   absl::Status Deliver(const std::string& request_id,
                        const v1::KvTarget& target);
   // Ends its wait (the prefill ended, or was cancelled): a factory still

@@ -102,9 +102,6 @@ TEST_F(WorkerServiceFollowTest, TheKvLeavesOnceItsTargetComes) {
     EXPECT_EQ(message.first_token().token_id(), expected[0]);
     const v1::ReserveKvResponse reserved = Reserve(*decode, id, prompt);
     ASSERT_TRUE(SetTarget(*prefill, id, reserved).ok());
-    // A second target for the same prefill is refused.
-    EXPECT_EQ(SetTarget(*prefill, id, reserved).error_code(),
-              grpc::StatusCode::FAILED_PRECONDITION);
     ASSERT_TRUE(reader->Read(&message));
     ASSERT_TRUE(message.has_handoff());
     // The decode worker cached the prompt's blocks from the turn before:
@@ -188,6 +185,24 @@ TEST_F(WorkerServiceFollowTest, SetKvTargetNamesWhatIsWrong) {
               HasSubstr("HOST_TCP"));
   EXPECT_EQ(SetTarget(*prefill, "", target).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A Prefill waiting for its target takes one: a second is refused while
+// the first is kept, and the wait ends with the first.
+TEST(FollowingKvTargetsTest, ASecondTargetIsRefused) {
+  FollowingKvTargets targets(absl::Hours(1));
+  ASSERT_TRUE(targets.Expect("r").ok());
+  v1::KvTarget target;
+  target.mutable_endpoint()->set_address("127.0.0.1:1");
+  target.set_transfer_id("12");
+  ASSERT_TRUE(targets.Deliver("r", target).ok());
+  v1::KvTarget other = target;
+  other.set_transfer_id("13");
+  EXPECT_EQ(targets.Deliver("r", other).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<v1::KvTarget> got = targets.Await("r", absl::Hours(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->transfer_id(), "12");
 }
 
 // The worker going ends a wait at once (not at the handoff timeout), and
