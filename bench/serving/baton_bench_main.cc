@@ -113,6 +113,9 @@ ABSL_FLAG(std::string, profile_name, "",
 ABSL_FLAG(int, profile_decode_tokens, 384,
           "profile: output tokens of each decode run (longer: more samples "
           "and longer contexts)");
+ABSL_FLAG(int, profile_neighbor_runs, 3,
+          "profile: neighbour runs (each after its own baseline) whose "
+          "median slowdowns and baseline the profile keeps");
 ABSL_FLAG(bool, profile_quick, false,
           "profile: fewer points (prompts up to 512 tokens, decode batches "
           "up to 8 with 256-token answers, a neighbour run of 16 "
@@ -163,11 +166,18 @@ int Profile() {
   options.name = absl::GetFlag(FLAGS_profile_name);
   options.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
   options.decode_tokens = absl::GetFlag(FLAGS_profile_decode_tokens);
+  options.neighbor_runs = absl::GetFlag(FLAGS_profile_neighbor_runs);
+  if (options.neighbor_runs < 1) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--profile_neighbor_runs must be at least 1, got ",
+                     options.neighbor_runs)));
+  }
   if (absl::GetFlag(FLAGS_profile_quick)) {
     options.prefill_lengths = {32, 64, 128, 256, 512};
     options.decode_batches = {1, 2, 4, 8};
     options.decode_tokens = std::min(options.decode_tokens, 256);
     options.neighbor_requests = 16;
+    options.neighbor_runs = 1;
   }
   options.max_heldout_mape = absl::GetFlag(FLAGS_profile_max_error);
   if (!(options.max_heldout_mape > 0)) {

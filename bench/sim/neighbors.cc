@@ -51,7 +51,42 @@ std::vector<Timeline> Timelines(
   return all;
 }
 
+// The median of `v` (the upper one of an even count).
+double MedianOf(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
+
+NeighborEstimate MedianNeighborEstimate(
+    const std::vector<NeighborEstimate>& runs) {
+  NeighborEstimate m;
+  const auto median = [&](double (*field)(const NeighborEstimate&)) {
+    std::vector<double> v;
+    for (const NeighborEstimate& e : runs) v.push_back(field(e));
+    return MedianOf(std::move(v));
+  };
+  m.baseline.prefill_ratio = median(
+      [](const NeighborEstimate& e) { return e.baseline.prefill_ratio; });
+  m.baseline.decode_ratio =
+      median([](const NeighborEstimate& e) { return e.baseline.decode_ratio; });
+  m.prefill_ratio =
+      median([](const NeighborEstimate& e) { return e.prefill_ratio; });
+  m.decode_ratio =
+      median([](const NeighborEstimate& e) { return e.decode_ratio; });
+  m.decode_busy =
+      median([](const NeighborEstimate& e) { return e.decode_busy; });
+  m.slowdown.prefill =
+      median([](const NeighborEstimate& e) { return e.slowdown.prefill; });
+  m.slowdown.decode =
+      median([](const NeighborEstimate& e) { return e.slowdown.decode; });
+  for (const NeighborEstimate& e : runs) {
+    m.prefill_steps += e.prefill_steps;
+    m.decode_steps += e.decode_steps;
+  }
+  return m;
+}
 
 std::string NeighborEstimate::Describe() const {
   return absl::StrFormat(

@@ -68,6 +68,12 @@ absl::StatusOr<double> PrefillBurstRatio(
 double DecodeRatio(const std::vector<DecodeWindowSample>& samples,
                    const WorkerProfile& profile);
 
+// Several neighbour runs in one: the median of each ratio and slowdown
+// (one run's estimate moves by more than the effect between runs on a
+// host that drifts). The counts are the runs' totals. `runs` not empty.
+NeighborEstimate MedianNeighborEstimate(
+    const std::vector<NeighborEstimate>& runs);
+
 // FAILED_PRECONDITION when the burst gives too little to time (fewer than
 // two prefill steps, or no decode step inside the window).
 absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(

@@ -98,6 +98,39 @@ TEST(NeighborsTest, TheBaselineTakesOutTheHostsDriftSinceTheFits) {
   EXPECT_NEAR(e->slowdown.decode, 0.25, 0.02) << e->Describe();
 }
 
+// Three runs, one of them off (a host that stalled during it): the
+// median of each figure is the middle run's, field by field, and the steps
+// timed add up.
+TEST(NeighborsTest, TheMedianOfSeveralRunsLeavesAnOutlierOut) {
+  const auto run = [](double decode, double prefill, double base_decode,
+                      double base_prefill) {
+    NeighborEstimate e;
+    e.slowdown = {.prefill = prefill, .decode = decode};
+    e.baseline = {.prefill_ratio = base_prefill, .decode_ratio = base_decode};
+    e.prefill_ratio = 1 + prefill;
+    e.decode_ratio = 1 + decode;
+    e.decode_busy = 0.5;
+    e.prefill_steps = 8;
+    e.decode_steps = 100;
+    return e;
+  };
+  const NeighborEstimate m = MedianNeighborEstimate(
+      {run(0.12, 0.00, 1.02, 0.99), run(0.005, 0.09, 1.10, 1.01),
+       run(0.27, 0.04, 0.97, 1.05)});
+  EXPECT_DOUBLE_EQ(m.slowdown.decode, 0.12);
+  EXPECT_DOUBLE_EQ(m.slowdown.prefill, 0.04);
+  EXPECT_DOUBLE_EQ(m.baseline.decode_ratio, 1.02);
+  EXPECT_DOUBLE_EQ(m.baseline.prefill_ratio, 1.01);
+  EXPECT_DOUBLE_EQ(m.decode_ratio, 1.12);
+  EXPECT_DOUBLE_EQ(m.prefill_ratio, 1.04);
+  EXPECT_DOUBLE_EQ(m.decode_busy, 0.5);
+  EXPECT_EQ(m.prefill_steps, 24);
+  EXPECT_EQ(m.decode_steps, 300);
+  // One run is its own median.
+  EXPECT_DOUBLE_EQ(
+      MedianNeighborEstimate({run(0.2, 0.1, 1, 1)}).slowdown.decode, 0.2);
+}
+
 TEST(NeighborsTest, TooSmallABurstIsAnError) {
   SimOptions options;
   ASSERT_TRUE(ParseShape("1P1D", &options).ok());

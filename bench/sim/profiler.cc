@@ -312,13 +312,22 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
                   transfer_fit->model.c1
             : std::numeric_limits<double>::max();
     profile.transfer_s_per_token2 = transfer_fit->model.c2;
-    auto neighbors = MeasureNeighbors(channel, profile, options, log);
-    if (!neighbors.ok()) return neighbors.status();
-    profile.neighbor_slowdown = neighbors->slowdown;
+    std::vector<NeighborEstimate> runs;
+    for (int i = 0; i < std::max(1, options.neighbor_runs); ++i) {
+      auto run = MeasureNeighbors(channel, profile, options, log);
+      if (!run.ok()) return run.status();
+      runs.push_back(*run);
+    }
+    const NeighborEstimate median = MedianNeighborEstimate(runs);
+    if (runs.size() > 1) {
+      log << "neighbours, the median of " << runs.size()
+          << " runs: " << median.Describe() << "\n";
+    }
+    profile.neighbor_slowdown = median.slowdown;
     // The fits' shape comes from their samples, their level from the
     // baseline, taken last on a saturated cluster's step shapes: the host's
     // speed moves by more than the fits' error in the minutes between.
-    const NeighborBaseline& level = neighbors->baseline;
+    const NeighborBaseline& level = median.baseline;
     for (double* c :
          {&profile.prefill.c0, &profile.prefill.c1, &profile.prefill.c2}) {
       *c *= level.prefill_ratio;

@@ -54,6 +54,9 @@ struct ProfileOptions {
   int neighbor_requests = 32;
   int neighbor_prompt = 256;
   int neighbor_output = 64;
+  // Neighbour runs (each with its baseline) whose median the profile
+  // keeps (MedianNeighborEstimate); >= 1.
+  int neighbor_runs = 3;
   // The workers' scheduler settings (baton-worker's defaults), which the
   // profile carries for the simulator.
   int64_t max_batch_tokens = 512;
