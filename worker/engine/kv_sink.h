@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +63,32 @@ class KvSink {
   // which. The handoff leaves them out of every layer and of its byte
   // count. Read once, after the sink is opened.
   virtual int64_t leading_blocks_held() const { return 0; }
+};
+
+// A sink that hands every call to `inner`: the base of a sink that changes
+// one of them (pacing its Finish, saying which leading blocks its
+// destination holds).
+class ForwardingKvSink : public KvSink {
+ public:
+  explicit ForwardingKvSink(std::unique_ptr<KvSink> inner)
+      : inner_(std::move(inner)) {}
+  absl::Status SendLayer(int64_t layer,
+                         std::span<const uint8_t> bytes) override {
+    return inner_->SendLayer(layer, bytes);
+  }
+  absl::Status SendLayerChunks(int64_t layer,
+                               std::span<const std::span<const uint8_t>> chunks,
+                               KvReadGate& gate) override {
+    return inner_->SendLayerChunks(layer, chunks, gate);
+  }
+  absl::Status Finish() override { return inner_->Finish(); }
+  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+  int64_t leading_blocks_held() const override {
+    return inner_->leading_blocks_held();
+  }
+
+ private:
+  std::unique_ptr<KvSink> inner_;
 };
 
 // Opens the sink of one handoff; called on the handoff's sender thread.

@@ -85,27 +85,16 @@ class SimulatedRunner : public ForwardRunner {
   KvCache* const cache_;
 };
 
-class PacedKvSink : public KvSink {
+class PacedKvSink : public ForwardingKvSink {
  public:
   PacedKvSink(std::unique_ptr<KvSink> inner, absl::Time finish_at)
-      : inner_(std::move(inner)), finish_at_(finish_at) {}
-  absl::Status SendLayer(int64_t layer,
-                         std::span<const uint8_t> bytes) override {
-    return inner_->SendLayer(layer, bytes);
-  }
-  absl::Status SendLayerChunks(int64_t layer,
-                               std::span<const std::span<const uint8_t>> chunks,
-                               KvReadGate& gate) override {
-    return inner_->SendLayerChunks(layer, chunks, gate);
-  }
+      : ForwardingKvSink(std::move(inner)), finish_at_(finish_at) {}
   absl::Status Finish() override {
     absl::SleepFor(finish_at_ - absl::Now());  // no-op when past
-    return inner_->Finish();
+    return ForwardingKvSink::Finish();
   }
-  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
 
  private:
-  std::unique_ptr<KvSink> inner_;
   const absl::Time finish_at_;
 };
 

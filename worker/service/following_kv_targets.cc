@@ -8,11 +8,18 @@
 
 namespace baton {
 
-absl::Status FollowingKvTargets::Expect(const std::string& request_id) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::shared_ptr<FollowingKvTargets::Slot>*>
+FollowingKvTargets::SlotLocked(const std::string& request_id) {
   if (!closed_.ok()) return closed_;
   DropExpiredLocked();
-  std::shared_ptr<Slot>& slot = slots_[request_id];
+  return &slots_[request_id];
+}
+
+absl::Status FollowingKvTargets::Expect(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Slot>*> found = SlotLocked(request_id);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Slot>& slot = **found;
   if (slot == nullptr) {
     slot = std::make_shared<Slot>();
   } else if (slot->expected) {
@@ -30,9 +37,9 @@ absl::Status FollowingKvTargets::Deliver(const std::string& request_id,
     return parsed.status();
   }
   absl::MutexLock lock(&mu_);
-  if (!closed_.ok()) return closed_;
-  DropExpiredLocked();
-  std::shared_ptr<Slot>& slot = slots_[request_id];
+  absl::StatusOr<std::shared_ptr<Slot>*> found = SlotLocked(request_id);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Slot>& slot = **found;
   if (slot == nullptr) {
     // Before its Prefill.
     slot = std::make_shared<Slot>();

@@ -12,7 +12,6 @@
 #include <deque>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -63,6 +62,10 @@ class FollowingKvTargets {
   };
   // Drops the targets that came early and found no Prefill in time.
   void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry of `request_id` (null when new; valid until the map next
+  // changes), or why none is taken (Close).
+  absl::StatusOr<std::shared_ptr<Slot>*> SlotLocked(
+      const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool Ready(Slot* slot) {
     return slot->target.has_value() || !slot->ended.ok();
   }
@@ -91,25 +94,13 @@ absl::StatusOr<HostTcpTarget> ParseHostTcpTarget(const v1::KvTarget& target);
 // decode worker already holds: `inner` (opened at the target's first
 // block) takes the rest, and the handoff leaves out each layer's first
 // `held` blocks (KvSink::leading_blocks_held).
-class HeldLeadingBlocksSink : public KvSink {
+class HeldLeadingBlocksSink : public ForwardingKvSink {
  public:
   HeldLeadingBlocksSink(std::unique_ptr<KvSink> inner, int64_t held)
-      : inner_(std::move(inner)), held_(held) {}
-  absl::Status SendLayer(int64_t layer,
-                         std::span<const uint8_t> bytes) override {
-    return inner_->SendLayer(layer, bytes);
-  }
-  absl::Status SendLayerChunks(int64_t layer,
-                               std::span<const std::span<const uint8_t>> chunks,
-                               KvReadGate& gate) override {
-    return inner_->SendLayerChunks(layer, chunks, gate);
-  }
-  absl::Status Finish() override { return inner_->Finish(); }
-  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+      : ForwardingKvSink(std::move(inner)), held_(held) {}
   int64_t leading_blocks_held() const override { return held_; }
 
  private:
-  std::unique_ptr<KvSink> inner_;
   const int64_t held_;
 };
 
