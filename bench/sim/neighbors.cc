@@ -1,6 +1,7 @@
 #include "bench/sim/neighbors.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -57,7 +58,78 @@ double MedianOf(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The decode gaps of `all` that lie inside [a, b], each against the fit
+// for the batch decoding at its middle; *spans: the gaps' spans.
+DecodeTimes TimeDecodeGaps(const std::vector<Timeline>& all, double a, double b,
+                           const WorkerProfile& profile,
+                           std::vector<std::pair<double, double>>* spans) {
+  DecodeTimes times;
+  for (const Timeline& tl : all) {
+    for (size_t i = 1; i + 1 < tl.t.size(); ++i) {
+      const double s = tl.t[i], end = tl.t[i + 1], mid = (s + end) / 2;
+      if (s < a || end > b) continue;
+      int64_t batch = 0, context = 0;
+      for (const Timeline& other : all) {
+        if (other.t.size() < 2 || mid < other.t.front() ||
+            mid >= other.t.back()) {
+          continue;
+        }
+        const auto done =
+            std::upper_bound(other.t.begin(), other.t.end(), mid) -
+            other.t.begin();
+        ++batch;
+        context += other.prompt + done;
+      }
+      DecodeTimes::Cell& cell = times.by_batch[batch];
+      cell.measured_s += end - s;
+      cell.predicted_s += DecodeSeconds(profile, context, batch);
+      ++cell.gaps;
+      if (spans != nullptr) spans->emplace_back(s, end);
+    }
+  }
+  return times;
+}
+
 }  // namespace
+
+void DecodeTimes::Add(const DecodeTimes& other) {
+  for (const auto& [batch, c] : other.by_batch) {
+    Cell& mine = by_batch[batch];
+    mine.measured_s += c.measured_s;
+    mine.predicted_s += c.predicted_s;
+    mine.gaps += c.gaps;
+  }
+}
+
+int DecodeTimes::gaps() const {
+  int n = 0;
+  for (const auto& [batch, c] : by_batch) n += c.gaps;
+  return n;
+}
+
+double DecodeTimes::Ratio() const {
+  double measured = 0, predicted = 0;
+  for (const auto& [batch, c] : by_batch) {
+    measured += c.measured_s;
+    predicted += c.predicted_s;
+  }
+  return predicted > 0 ? measured / predicted : 1;
+}
+
+double DecodeTimes::RatioAt(int64_t batch) const {
+  const Cell* nearest = nullptr;
+  int64_t distance = 0;
+  for (const auto& [b, c] : by_batch) {
+    if (c.gaps < kMinGaps || c.predicted_s <= 0) continue;
+    const int64_t d = b > batch ? b - batch : batch - b;
+    // Ascending batches: a later one as near is the larger; keep the first.
+    if (nearest == nullptr || d < distance) {
+      nearest = &c;
+      distance = d;
+    }
+  }
+  return nearest != nullptr ? nearest->measured_s / nearest->predicted_s : 1;
+}
 
 NeighborEstimate MedianNeighborEstimate(
     const std::vector<NeighborEstimate>& runs) {
@@ -67,16 +139,18 @@ NeighborEstimate MedianNeighborEstimate(
     for (const NeighborEstimate& e : runs) v.push_back(field(e));
     return MedianOf(std::move(v));
   };
-  m.baseline.prefill_ratio = median(
-      [](const NeighborEstimate& e) { return e.baseline.prefill_ratio; });
-  m.baseline.decode_ratio =
-      median([](const NeighborEstimate& e) { return e.baseline.decode_ratio; });
+  m.prefill_alone =
+      median([](const NeighborEstimate& e) { return e.prefill_alone; });
+  m.decode_alone =
+      median([](const NeighborEstimate& e) { return e.decode_alone; });
   m.prefill_ratio =
       median([](const NeighborEstimate& e) { return e.prefill_ratio; });
   m.decode_ratio =
       median([](const NeighborEstimate& e) { return e.decode_ratio; });
   m.decode_busy =
       median([](const NeighborEstimate& e) { return e.decode_busy; });
+  m.decode_batch =
+      median([](const NeighborEstimate& e) { return e.decode_batch; });
   m.slowdown.prefill =
       median([](const NeighborEstimate& e) { return e.slowdown.prefill; });
   m.slowdown.decode =
@@ -84,6 +158,7 @@ NeighborEstimate MedianNeighborEstimate(
   for (const NeighborEstimate& e : runs) {
     m.prefill_steps += e.prefill_steps;
     m.decode_steps += e.decode_steps;
+    m.decode.Add(e.decode);
   }
   return m;
 }
@@ -92,9 +167,10 @@ std::string NeighborEstimate::Describe() const {
   return absl::StrFormat(
       "prefill steps %.3fx the fit (%d steps, the decode worker busy %.0f%% "
       "of them; alone %.3fx), decode steps %.3fx (%d steps; alone %.3fx) "
-      "beside them; neighbor_slowdown prefill %.3f, decode %.3f",
-      prefill_ratio, prefill_steps, 100 * decode_busy, baseline.prefill_ratio,
-      decode_ratio, decode_steps, baseline.decode_ratio, slowdown.prefill,
+      "beside them, %.2f decoding in a step; neighbor_slowdown prefill %.3f, "
+      "decode %.3f",
+      prefill_ratio, prefill_steps, 100 * decode_busy, prefill_alone,
+      decode_ratio, decode_steps, decode_alone, decode_batch, slowdown.prefill,
       slowdown.decode);
 }
 
@@ -128,16 +204,6 @@ absl::StatusOr<double> PrefillBurstRatio(
   return (all.back().t.front() - all.front().t.front()) / predicted;
 }
 
-double DecodeRatio(const std::vector<DecodeWindowSample>& samples,
-                   const WorkerProfile& profile) {
-  double measured = 0, predicted = 0;
-  for (const DecodeWindowSample& s : samples) {
-    measured += s.step_s;
-    predicted += DecodeSeconds(profile, s.sum_context, s.batch);
-  }
-  return predicted > 0 ? measured / predicted : 1;
-}
-
 absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
     const std::vector<bench::RequestRecord>& records,
     const WorkerProfile& profile, const NeighborBaseline& baseline) {
@@ -146,36 +212,21 @@ absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
     return absl::FailedPreconditionError("neighbours: fewer than 2 requests");
   }
   NeighborEstimate e;
-  e.baseline = baseline;
   auto prefill = PrefillBurstRatio(records, profile, &e.prefill_steps);
   if (!prefill.ok()) return prefill.status();
   e.prefill_ratio = *prefill;
   const double a = all.front().t.front(), b = all.back().t.front();
-  // Decode steps inside [a, b]: each gap against the fit for the batch
-  // decoding at its middle.
-  double measured = 0, predicted = 0;
-  std::vector<std::pair<double, double>> decoding;
-  for (const Timeline& tl : all) {
-    for (size_t i = 1; i + 1 < tl.t.size(); ++i) {
-      const double s = tl.t[i], end = tl.t[i + 1], mid = (s + end) / 2;
-      if (s < a || end > b) continue;
-      int64_t batch = 0, context = 0;
-      for (const Timeline& other : all) {
-        if (other.t.size() < 2 || mid < other.t.front() ||
-            mid >= other.t.back()) {
-          continue;
-        }
-        const auto done =
-            std::upper_bound(other.t.begin(), other.t.end(), mid) -
-            other.t.begin();
-        ++batch;
-        context += other.prompt + done;
-      }
-      measured += end - s;
-      predicted += DecodeSeconds(profile, context, batch);
-      decoding.emplace_back(s, end);
-      ++e.decode_steps;
-    }
+  std::vector<std::pair<double, double>> spans;
+  e.decode = TimeDecodeGaps(all, a, b, profile, &spans);
+  e.decode_steps = e.decode.gaps();
+  // Each batch's gaps against the fit scaled by the baseline's ratio at
+  // that batch.
+  double measured = 0, predicted = 0, expected = 0, steps = 0;
+  for (const auto& [batch, c] : e.decode.by_batch) {
+    measured += c.measured_s;
+    predicted += c.predicted_s;
+    expected += c.predicted_s * baseline.decode.RatioAt(batch);
+    steps += static_cast<double>(c.gaps) / static_cast<double>(batch);
   }
   if (e.decode_steps == 0 || predicted <= 0) {
     return absl::FailedPreconditionError(
@@ -183,14 +234,27 @@ absl::StatusOr<NeighborEstimate> EstimateNeighborSlowdown(
         "token (send more requests, or longer answers)");
   }
   e.decode_ratio = measured / predicted;
-  e.decode_busy = b > a ? Covered(std::move(decoding)) / (b - a) : 0;
-  e.slowdown.decode = std::max(0.0, e.decode_ratio / baseline.decode_ratio - 1);
+  e.decode_alone = expected / predicted;
+  e.decode_batch = e.decode_steps / steps;
+  e.prefill_alone = baseline.prefill_ratio;
+  e.decode_busy = b > a ? Covered(std::move(spans)) / (b - a) : 0;
+  e.slowdown.decode = std::max(0.0, measured / expected - 1);
   e.slowdown.prefill =
       e.decode_busy > 0
           ? std::max(0.0, (e.prefill_ratio / baseline.prefill_ratio - 1) /
                               e.decode_busy)
           : 0;
   return e;
+}
+
+DecodeTimes DecodeAloneTimes(const std::vector<bench::RequestRecord>& records,
+                             const WorkerProfile& profile) {
+  const std::vector<Timeline> all = Timelines(records);
+  if (all.empty()) return {};
+  // After the last first token the prefill worker idles.
+  return TimeDecodeGaps(all, all.back().t.front(),
+                        std::numeric_limits<double>::infinity(), profile,
+                        nullptr);
 }
 
 }  // namespace baton::sim

@@ -20,6 +20,7 @@
 #define BATON_BENCH_SIM_NEIGHBORS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,20 +39,51 @@ struct DecodeWindowSample {
   double step_s = 0;
 };
 
+// Decode gaps timed against the decode fit (each request's gaps but its
+// first, which also holds the KV handoff), by the batch decoding at each
+// gap's middle: a step of batch B gives B gaps.
+struct DecodeTimes {
+  struct Cell {
+    double measured_s = 0;
+    double predicted_s = 0;
+    int gaps = 0;
+  };
+  // A batch with fewer gaps than this is too few to stand for its own.
+  static constexpr int kMinGaps = 20;
+  std::map<int64_t, Cell> by_batch;
+
+  void Add(const DecodeTimes& other);
+  int gaps() const;
+  // Measured over predicted over every batch (1 with none).
+  double Ratio() const;
+  // Measured over predicted at `batch`, or where it has fewer than
+  // kMinGaps gaps at the nearest batch with as many (the smaller of two as
+  // near); 1 with none.
+  double RatioAt(int64_t batch) const;
+};
+
 // Measured over fitted time of steps whose neighbour idles: the speed of
-// the host at the burst against the profile's (1: the fits).
+// the host at the burst against the profile's (empty: the fits). The
+// decode steps are taken batch by batch: the fit's error differs between
+// batches by as much as the slowdown (on a one-thread CPU worker, steps of
+// one request read 1.07x the fit where steps of two read 0.98x).
 struct NeighborBaseline {
   double prefill_ratio = 1;  // a burst of prompts alone (PrefillBurstRatio)
-  double decode_ratio = 1;   // a batch decoding alone (DecodeRatio)
+  DecodeTimes decode;        // requests decoding alone (DecodeAloneTimes)
 };
 
 struct NeighborEstimate {
-  NeighborBaseline baseline;
+  // The baseline at the burst: its prefill ratio, and its decode ratio at
+  // the burst's batches (weighted as the burst's fitted decode time is).
+  double prefill_alone = 1;
+  double decode_alone = 1;
   double prefill_ratio = 0;
   double decode_ratio = 0;
-  double decode_busy = 0;  // fraction of the window the decode worker computed
-  int prefill_steps = 0;   // steps timed (after the first)
-  int decode_steps = 0;    // gaps timed
+  double decode_busy = 0;   // fraction of the window the decode worker computed
+  double decode_batch = 0;  // requests decoding in a timed step, on average
+  int prefill_steps = 0;    // steps timed (after the first)
+  int decode_steps = 0;     // gaps timed
+  DecodeTimes decode;       // the burst's decode gaps
   WorkerProfile::NeighborSlowdown slowdown;
   std::string Describe() const;
 };
@@ -64,13 +96,16 @@ absl::StatusOr<double> PrefillBurstRatio(
     const std::vector<bench::RequestRecord>& records,
     const WorkerProfile& profile, int* steps);
 
-// Decode steps timed (DecodeWindowSamples) against the decode fit.
-double DecodeRatio(const std::vector<DecodeWindowSample>& samples,
-                   const WorkerProfile& profile);
+// Requests decoding with an idle prefill worker (sent at once, or a
+// burst's tail): their gaps after the last first token, timed as a burst's
+// are.
+DecodeTimes DecodeAloneTimes(const std::vector<bench::RequestRecord>& records,
+                             const WorkerProfile& profile);
 
 // Several neighbour runs in one: the median of each ratio and slowdown
 // (one run's estimate moves by more than the effect between runs on a
-// host that drifts). The counts are the runs' totals. `runs` not empty.
+// host that drifts). The counts are the runs' totals, the decode times
+// their sum. `runs` not empty.
 NeighborEstimate MedianNeighborEstimate(
     const std::vector<NeighborEstimate>& runs);
 

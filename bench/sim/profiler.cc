@@ -90,46 +90,69 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The neighbours' baseline (neighbors.h), right before their burst: the
-// burst's prompts with one output token each (the decode worker idles),
-// then a batch decoding with the prefill worker idle.
-absl::StatusOr<NeighborBaseline> MeasureBaseline(
-    std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
-    const ProfileOptions& options, int requests, std::ostream& log) {
-  NeighborBaseline baseline;
-  auto alone = Run(channel, requests, options.neighbor_prompt, 1, requests,
-                   7001, options);
+// The neighbours' baseline (neighbors.h), beside their burst. Its prefill
+// half: the burst's prompts with one output token each (the decode worker
+// idles).
+absl::StatusOr<double> PrefillAlone(std::shared_ptr<grpc::Channel> channel,
+                                    const WorkerProfile& profile,
+                                    const ProfileOptions& options, int requests,
+                                    std::ostream& log) {
+  auto alone = Run(std::move(channel), requests, options.neighbor_prompt, 1,
+                   requests, 7001, options);
   if (!alone.ok()) return alone.status();
   int steps = 0;
-  auto prefill = PrefillBurstRatio(*alone, profile, &steps);
-  if (!prefill.ok()) return prefill.status();
-  baseline.prefill_ratio = *prefill;
-  // The largest batch of the decode samples, again.
-  const int chunk = std::max(1, options.decode_chunk_tokens);
-  const int context = options.decode_contexts.front();
-  const int tokens = options.decode_tokens;
-  int batch = 1;
-  for (int b : options.decode_batches) {
-    if (int64_t{b} * (context + tokens) <=
-        profile.kv_blocks * profile.block_size) {
-      batch = std::max(batch, b);
-    }
-  }
-  auto decoding = Run(channel, batch, context, tokens, batch, 7002, options);
-  if (!decoding.ok()) return decoding.status();
-  const std::vector<DecodeWindowSample> samples =
-      DecodeWindowSamples(*decoding, chunk);
-  baseline.decode_ratio = DecodeRatio(samples, profile);
+  auto ratio = PrefillBurstRatio(*alone, profile, &steps);
+  if (!ratio.ok()) return ratio.status();
   log << absl::StrFormat(
       "neighbours' baseline: %d prefill steps of the burst's prompts alone "
-      "%.3fx the fit; %zu stretches of %d decoding alone %.3fx\n",
-      steps, baseline.prefill_ratio, samples.size(), batch,
-      baseline.decode_ratio);
-  return baseline;
+      "%.3fx the fit\n",
+      steps, *ratio);
+  return *ratio;
+}
+
+// Its decode half, by batch: the burst's own tail (the requests still
+// decoding after its last first token), and for each b from 1 to `batch`,
+// b requests of the burst's prompts sent at once with answers b times the
+// burst's, so that the first is still decoding when the last one's prompt
+// is in (the prefill worker may take them one at a time): after that they
+// decode with the prefill worker idle, at every batch from b down to 1.
+absl::StatusOr<DecodeTimes> DecodeAlone(
+    std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
+    const ProfileOptions& options,
+    const std::vector<bench::RequestRecord>& burst, int batch,
+    std::ostream& log) {
+  DecodeTimes times = DecodeAloneTimes(burst, profile);
+  for (int b = 1; b <= batch; ++b) {
+    auto run = Run(channel, b, options.neighbor_prompt,
+                   options.neighbor_output * b, b, 7001 + b, options);
+    if (!run.ok()) return run.status();
+    times.Add(DecodeAloneTimes(*run, profile));
+  }
+  log << "neighbours' baseline: decoding alone, by batch:";
+  for (const auto& [b, c] : times.by_batch) {
+    log << absl::StrFormat(" %d: %.3fx (%d gaps);", b,
+                           c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0,
+                           c.gaps);
+  }
+  log << "\n";
+  return times;
+}
+
+// The batch up to which a burst's decode gaps need a baseline: the largest
+// batch with at least 5% of them.
+int BaselineBatch(const DecodeTimes& burst) {
+  int batch = 1;
+  for (const auto& [b, c] : burst.by_batch) {
+    if (20 * int64_t{c.gaps} >= burst.gaps()) {
+      batch = std::max(batch, static_cast<int>(b));
+    }
+  }
+  return batch;
 }
 
 // The neighbour run (profiler.h, neighbors.h): a burst of requests sent at
-// once, after its baseline.
+// once, and its baseline: the prefill half before it, the decode half from
+// its tail and after it.
 absl::StatusOr<NeighborEstimate> MeasureNeighbors(
     std::shared_ptr<grpc::Channel> channel, const WorkerProfile& profile,
     const ProfileOptions& options, std::ostream& log) {
@@ -140,12 +163,27 @@ absl::StatusOr<NeighborEstimate> MeasureNeighbors(
       (options.neighbor_prompt + options.neighbor_output + profile.block_size);
   const int requests = static_cast<int>(
       std::min<int64_t>(options.neighbor_requests, std::max<int64_t>(fit, 1)));
-  auto baseline = MeasureBaseline(channel, profile, options, requests, log);
-  if (!baseline.ok()) return baseline.status();
+  NeighborBaseline baseline;
+  auto prefill = PrefillAlone(channel, profile, options, requests, log);
+  if (!prefill.ok()) return prefill.status();
+  baseline.prefill_ratio = *prefill;
   auto records = Run(channel, requests, options.neighbor_prompt,
                      options.neighbor_output, requests, 7000, options);
   if (!records.ok()) return records.status();
-  auto estimate = EstimateNeighborSlowdown(*records, profile, *baseline);
+  auto burst = EstimateNeighborSlowdown(*records, profile, baseline);
+  if (!burst.ok()) return burst.status();
+  // The decode-alone runs' requests fit the pool at once too.
+  int batch = BaselineBatch(burst->decode);
+  while (batch > 1 && int64_t{batch} * (options.neighbor_prompt +
+                                        options.neighbor_output * batch +
+                                        profile.block_size) >
+                          profile.kv_blocks * profile.block_size) {
+    --batch;
+  }
+  auto decode = DecodeAlone(channel, profile, options, *records, batch, log);
+  if (!decode.ok()) return decode.status();
+  baseline.decode = *decode;
+  auto estimate = EstimateNeighborSlowdown(*records, profile, baseline);
   if (!estimate.ok()) return estimate.status();
   log << "neighbours (" << requests << " requests of "
       << options.neighbor_prompt << " + " << options.neighbor_output
@@ -325,28 +363,28 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
     }
     profile.neighbor_slowdown = median.slowdown;
     // The fits' shape comes from their samples, their level from the
-    // baseline, taken last on a saturated cluster's step shapes: the host's
-    // speed moves by more than the fits' error in the minutes between.
-    const NeighborBaseline& level = median.baseline;
+    // baseline, taken last at the burst's steps (its prompts, its decode
+    // batches and lengths): the host's speed moves by more than the fits'
+    // error in the minutes between.
     for (double* c :
          {&profile.prefill.c0, &profile.prefill.c1, &profile.prefill.c2}) {
-      *c *= level.prefill_ratio;
+      *c *= median.prefill_alone;
     }
     for (double* c :
          {&profile.decode.c0, &profile.decode.c1, &profile.decode.c2}) {
-      *c *= level.decode_ratio;
+      *c *= median.decode_alone;
     }
     log << absl::StrFormat(
         "prefill fit scaled by %.3f, decode fit by %.3f (the baseline)\n",
-        level.prefill_ratio, level.decode_ratio);
+        median.prefill_alone, median.decode_alone);
     profile.source = absl::StrFormat(
         "measured by baton-bench profile on a split cluster: prefill "
         "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%; prefill "
         "and decode fits scaled by %.3f and %.3f to the speed of the "
         "neighbour run's baseline",
         100 * prefill_fit->heldout_mape, 100 * decode_fit->heldout_mape,
-        100 * transfer_fit->heldout_mape, level.prefill_ratio,
-        level.decode_ratio);
+        100 * transfer_fit->heldout_mape, median.prefill_alone,
+        median.decode_alone);
   } else {
     profile.transfer_alpha_s = 0;
     profile.transfer_bytes_per_s = 1e12;

@@ -14,10 +14,12 @@
 //     prefill worker's transfer time (first byte to the last layer's
 //     acknowledgement, which overlaps the prefill), fitted α + bytes/β;
 //     colocated clusters move no KV, and the profile says so;
-//   - neighbours (split clusters): a baseline (the burst's prompts with an
-//     idle decode worker, the largest decode batch with an idle prefill
-//     worker), then a burst of requests sent at once, the load of a
-//     saturated split cluster; the prefill steps and the decode steps
+//   - neighbours (split clusters): a burst of requests sent at once, the
+//     load of a saturated split cluster, and its baseline (the burst's
+//     prompts with an idle decode worker before it; after it, its own
+//     tail and runs of 1 to B requests of its prompts, B the largest batch
+//     it decoded, decoding with an idle prefill worker, timed batch by
+//     batch); the prefill steps and the decode steps
 //     beside them, against the baseline, give how much a busy neighbour
 //     slows each down (neighbor_slowdown, neighbors.h), and the baseline
 //     against the fits scales them to the host's speed at the end;
