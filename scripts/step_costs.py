@@ -2,7 +2,8 @@
 """Compares the steps real workers took with what a cost profile charges.
 
     step_costs.py PROFILE TRACE.jsonl [TRACE.jsonl ...] [--busy_gap_ms=20]
-                  [--since=SECONDS] [--until=SECONDS] [--json]
+                  [--since=SECONDS] [--until=SECONDS] [--by_batch=N]
+                  [--json]
 
 Each TRACE is a `baton-worker --step_trace=FILE` of one worker; traces of
 workers that shared a host line up (one monotonic clock). A step is charged
@@ -82,8 +83,10 @@ def state_at(steps, starts, t):
     return "decoding" if steps[i]["kind"] == "decode" else "prefilling"
 
 
-def table(profile, workers, busy_gap_s):
-    """The rows printed, from each worker's steps (lists of trace lines)."""
+def table(profile, workers, busy_gap_s, by_batch=0):
+    """The rows printed, from each worker's steps (lists of trace lines);
+    with by_batch, decode-only steps are grouped by their batch too
+    ("decode x2"; batches from by_batch up in one group, "decode x4+")."""
     for steps in workers:
         for s in steps:
             s["pre"], s["dec"], s["kind"] = charged(profile, s["items"])
@@ -102,7 +105,12 @@ def table(profile, workers, busy_gap_s):
                       for o in range(len(workers)) if o != w]
             neighbour = ("prefilling" if "prefilling" in others else
                          "decoding" if "decoding" in others else "idle")
-            groups[(s["kind"], neighbour)].append(s)
+            kind = s["kind"]
+            if by_batch and kind == "decode":
+                b = len(s["items"])
+                kind = (f"decode x{b}" if b < by_batch else
+                        f"decode x{by_batch}+")
+            groups[(kind, neighbour)].append(s)
             # As baton-sim's SharedHosts: a step that prefills is slower by
             # the prefill fraction per busy other, a decode-only step by the
             # decode fraction per other that prefills.
@@ -142,6 +150,9 @@ def main():
                         "time.monotonic() reads it)")
     parser.add_argument("--until", type=float, default=float("inf"),
                         help="only steps that began before this time")
+    parser.add_argument("--by_batch", type=int, default=0,
+                        help="group decode-only steps by batch too, those "
+                        "of this batch and more in one group (0: no)")
     parser.add_argument("--json", action="store_true",
                         help="print the table as JSON")
     args = parser.parse_args()
@@ -149,7 +160,7 @@ def main():
         profile = json.load(f)
     workers = [[s for s in load(p) if args.since <= s["start"] < args.until]
                for p in args.traces]
-    rows = table(profile, workers, args.busy_gap_ms / 1e3)
+    rows = table(profile, workers, args.busy_gap_ms / 1e3, args.by_batch)
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -57,6 +57,24 @@ class StepCostsTest(unittest.TestCase):
         self.assertEqual(rows[("all", "any")]["neighbours_ratio"],
                          rows[("all", "any")]["ratio"])
 
+    def test_decode_steps_by_batch(self):
+        # Worker 1 decodes one sequence, then two, then three (charged 3, 4
+        # and 5 ms) in 3, 5 and 5 ms, beside an idle worker 0.
+        workers = [
+            [step(10.0, 0.1, [[0, 100, 1]])],
+            [step(0.0, 0.003, [[10, 1, 1]]),
+             step(0.1, 0.005, [[11, 1, 1], [20, 1, 1]]),
+             step(0.2, 0.005, [[12, 1, 1], [21, 1, 1], [30, 1, 1]])],
+        ]
+        rows = {(r["kind"], r["neighbour"]): r
+                for r in step_costs.table(PROFILE, workers, 0.02, by_batch=2)}
+        self.assertAlmostEqual(rows[("decode x1", "idle")]["ratio"], 1.0)
+        self.assertAlmostEqual(rows[("decode x2+", "idle")]["ratio"],
+                               0.010 / 0.009, places=3)
+        self.assertEqual(rows[("decode x2+", "idle")]["steps"], 2)
+        self.assertNotIn(("decode", "idle"), rows)
+        self.assertEqual(rows[("prefill", "idle")]["steps"], 1)
+
     def test_busy_neighbours_add_the_profiles_slowdown_to_the_charge(self):
         workers = [
             [step(0.0, 0.12, [[0, 100, 1]]),

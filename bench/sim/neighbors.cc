@@ -143,6 +143,8 @@ NeighborEstimate MedianNeighborEstimate(
       median([](const NeighborEstimate& e) { return e.prefill_alone; });
   m.decode_alone =
       median([](const NeighborEstimate& e) { return e.decode_alone; });
+  m.decode_level =
+      median([](const NeighborEstimate& e) { return e.decode_level; });
   m.prefill_ratio =
       median([](const NeighborEstimate& e) { return e.prefill_ratio; });
   m.decode_ratio =
@@ -168,10 +170,10 @@ std::string NeighborEstimate::Describe() const {
       "prefill steps %.3fx the fit (%d steps, the decode worker busy %.0f%% "
       "of them; alone %.3fx), decode steps %.3fx (%d steps; alone %.3fx) "
       "beside them, %.2f decoding in a step; neighbor_slowdown prefill %.3f, "
-      "decode %.3f",
+      "decode %.3f; the decode level %.3fx",
       prefill_ratio, prefill_steps, 100 * decode_busy, prefill_alone,
       decode_ratio, decode_steps, decode_alone, decode_batch, slowdown.prefill,
-      slowdown.decode);
+      slowdown.decode, decode_level);
 }
 
 absl::StatusOr<double> PrefillBurstRatio(

@@ -77,6 +77,9 @@ struct NeighborEstimate {
   // the burst's batches (weighted as the burst's fitted decode time is).
   double prefill_alone = 1;
   double decode_alone = 1;
+  // The decode samples' largest batch timed again against the fit (the
+  // profiler's; 1 otherwise): the decode fit's level (profiler.h).
+  double decode_level = 1;
   double prefill_ratio = 0;
   double decode_ratio = 0;
   double decode_busy = 0;   // fraction of the window the decode worker computed

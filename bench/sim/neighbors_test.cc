@@ -153,6 +153,7 @@ TEST(NeighborsTest, TheMedianOfSeveralRunsLeavesAnOutlierOut) {
     e.slowdown = {.prefill = prefill, .decode = decode};
     e.prefill_alone = base_prefill;
     e.decode_alone = base_decode;
+    e.decode_level = base_decode + 0.05;
     e.prefill_ratio = 1 + prefill;
     e.decode_ratio = 1 + decode;
     e.decode_busy = 0.5;
@@ -166,6 +167,7 @@ TEST(NeighborsTest, TheMedianOfSeveralRunsLeavesAnOutlierOut) {
   EXPECT_DOUBLE_EQ(m.slowdown.decode, 0.12);
   EXPECT_DOUBLE_EQ(m.slowdown.prefill, 0.04);
   EXPECT_DOUBLE_EQ(m.decode_alone, 1.02);
+  EXPECT_DOUBLE_EQ(m.decode_level, 1.07);
   EXPECT_DOUBLE_EQ(m.prefill_alone, 1.01);
   EXPECT_DOUBLE_EQ(m.decode_ratio, 1.12);
   EXPECT_DOUBLE_EQ(m.prefill_ratio, 1.04);

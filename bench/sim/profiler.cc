@@ -138,6 +138,39 @@ absl::StatusOr<DecodeTimes> DecodeAlone(
   return times;
 }
 
+// The decode fit's level: the decode samples' largest batch that fits the
+// pool, run again (B requests of the first decode context and
+// decode_tokens), its samples taken as the fit's were, against the fit.
+absl::StatusOr<double> DecodeLevel(std::shared_ptr<grpc::Channel> channel,
+                                   const WorkerProfile& profile,
+                                   const ProfileOptions& options,
+                                   std::ostream& log) {
+  const int context = options.decode_contexts.front();
+  const int tokens = options.decode_tokens;
+  int batch = 1;
+  for (int b : options.decode_batches) {
+    if (int64_t{b} * (context + tokens) <=
+        profile.kv_blocks * profile.block_size) {
+      batch = std::max(batch, b);
+    }
+  }
+  auto run =
+      Run(std::move(channel), batch, context, tokens, batch, 7100, options);
+  if (!run.ok()) return run.status();
+  double measured = 0, predicted = 0;
+  const std::vector<DecodeWindowSample> samples =
+      DecodeWindowSamples(*run, std::max(1, options.decode_chunk_tokens));
+  for (const DecodeWindowSample& s : samples) {
+    measured += s.step_s;
+    predicted += DecodeSeconds(profile, s.sum_context, s.batch);
+  }
+  const double level = predicted > 0 ? measured / predicted : 1;
+  log << absl::StrFormat(
+      "decode level: %zu stretches of %d requests decoding %.3fx the fit\n",
+      samples.size(), batch, level);
+  return level;
+}
+
 // The batch up to which a burst's decode gaps need a baseline: the largest
 // batch with at least 5% of them.
 int BaselineBatch(const DecodeTimes& burst) {
@@ -185,6 +218,9 @@ absl::StatusOr<NeighborEstimate> MeasureNeighbors(
   baseline.decode = *decode;
   auto estimate = EstimateNeighborSlowdown(*records, profile, baseline);
   if (!estimate.ok()) return estimate.status();
+  auto level = DecodeLevel(channel, profile, options, log);
+  if (!level.ok()) return level.status();
+  estimate->decode_level = *level;
   log << "neighbours (" << requests << " requests of "
       << options.neighbor_prompt << " + " << options.neighbor_output
       << " tokens at once): " << estimate->Describe() << "\n";
@@ -362,21 +398,25 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
           << " runs: " << median.Describe() << "\n";
     }
     profile.neighbor_slowdown = median.slowdown;
-    // The fits' shape comes from their samples, their level from the
-    // baseline, taken last at the burst's steps (its prompts, its decode
-    // batches and lengths): the host's speed moves by more than the fits'
-    // error in the minutes between.
+    // The fits' shape comes from their samples, their level from steps
+    // timed last (the host's speed moves by more than the fits' error in
+    // the minutes between): the prefill's from the burst's prompts alone,
+    // the decode's from the samples' largest batch again, where the steps
+    // cost most. Not from the burst's small decode batches: the fit's
+    // error differs between batches (neighbors.h), and a level set where
+    // steps are cheap charged a saturated colocated worker's large batches
+    // ~10% short (docs/planning.md, run 21).
     for (double* c :
          {&profile.prefill.c0, &profile.prefill.c1, &profile.prefill.c2}) {
       *c *= median.prefill_alone;
     }
     for (double* c :
          {&profile.decode.c0, &profile.decode.c1, &profile.decode.c2}) {
-      *c *= median.decode_alone;
+      *c *= median.decode_level;
     }
     log << absl::StrFormat(
         "prefill fit scaled by %.3f, decode fit by %.3f (the baseline)\n",
-        median.prefill_alone, median.decode_alone);
+        median.prefill_alone, median.decode_level);
     profile.source = absl::StrFormat(
         "measured by baton-bench profile on a split cluster: prefill "
         "held-out error %.1f%%, decode %.1f%%, transfer %.1f%%; prefill "
@@ -384,7 +424,7 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
         "neighbour run's baseline",
         100 * prefill_fit->heldout_mape, 100 * decode_fit->heldout_mape,
         100 * transfer_fit->heldout_mape, median.prefill_alone,
-        median.decode_alone);
+        median.decode_level);
   } else {
     profile.transfer_alpha_s = 0;
     profile.transfer_bytes_per_s = 1e12;

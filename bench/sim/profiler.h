@@ -21,8 +21,9 @@
 //     it decoded, decoding with an idle prefill worker, timed batch by
 //     batch); the prefill steps and the decode steps
 //     beside them, against the baseline, give how much a busy neighbour
-//     slows each down (neighbor_slowdown, neighbors.h), and the baseline
-//     against the fits scales them to the host's speed at the end;
+//     slows each down (neighbor_slowdown, neighbors.h); the burst's
+//     prompts alone, and the decode samples' largest batch run again,
+//     against the fits scale them to the host's speed at the end;
 //   - the KV pool and layout from GetClusterStatus.
 // Each fit is validated on held-out samples (fit.h); a fit above the limit
 // is an error, not a profile.
