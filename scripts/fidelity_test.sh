@@ -49,6 +49,9 @@ grep -q "| prefill |" "$OUT/run/steps-1P1D.md" || fail "no prefill steps traced"
 # The split cluster's profile set its fits' level from the neighbour run's
 # baseline.
 grep -q "scaled by" "$OUT/run/profile.json" || fail "profile fits not scaled"
+# The decode fit carries its error at each batch it sampled.
+grep -q "decode_batch_factors" "$OUT/run/profile.json" ||
+  fail "no decode_batch_factors in the profile"
 "$PYTHON" - "$OUT/run" <<'EOF' || fail "the replay check above"
 import glob, json, os, sys
 run = sys.argv[1]

@@ -49,11 +49,34 @@ def charged(profile, items):
         pre = (c["c0"] + c["c1"] * sum(n for _, n in prefill) +
                c["c2"] * sum((p + n) ** 2 - p ** 2 for p, n in prefill))
     if decode:
-        c = profile["decode"]
-        dec = c["c0"] + c["c1"] * sum(decode) + c["c2"] * len(decode)
+        dec = decode_seconds(profile, decode)
     kind = ("mixed" if prefill and decode else
             "prefill" if prefill else "decode")
     return pre, dec, kind
+
+
+def batch_factor(profile, batch):
+    """The profile's decode_batch_factors at `batch`, as DecodeBatchFactor
+    (worker/engine/cost_profile.h): linear between the listed batches, the
+    end's beyond them, 1 without any."""
+    f = profile.get("decode_batch_factors") or []
+    if not f:
+        return 1.0
+    if batch <= f[0][0]:
+        return f[0][1]
+    if batch >= f[-1][0]:
+        return f[-1][1]
+    i = bisect.bisect_left([b for b, _ in f], batch)
+    (b0, f0), (b1, f1) = f[i - 1], f[i]
+    return f0 + (batch - b0) / (b1 - b0) * (f1 - f0)
+
+
+def decode_seconds(profile, contexts):
+    """A decode batch's fitted time: `contexts` are the tokens each attends
+    to (DecodeSeconds)."""
+    c = profile["decode"]
+    return ((c["c0"] + c["c1"] * sum(contexts) + c["c2"] * len(contexts)) *
+            batch_factor(profile, len(contexts)))
 
 
 def slowdown(profile):

@@ -57,6 +57,17 @@ class StepCostsTest(unittest.TestCase):
         self.assertEqual(rows[("all", "any")]["neighbours_ratio"],
                          rows[("all", "any")]["ratio"])
 
+    def test_decode_batch_factors_as_the_engine_applies_them(self):
+        profile = dict(PROFILE, decode_batch_factors=[[1, 1.1], [3, 0.9]])
+        self.assertAlmostEqual(step_costs.batch_factor(profile, 2), 1.0)
+        self.assertAlmostEqual(step_costs.batch_factor(profile, 8), 0.9)
+        self.assertEqual(step_costs.batch_factor(PROFILE, 8), 1.0)
+        # Two decodes: (2 + 2) ms by the fit, times 1.0 at batch 2.
+        self.assertAlmostEqual(
+            step_costs.charged(profile, [[5, 1, 1], [9, 1, 1]])[1], 0.004)
+        self.assertAlmostEqual(
+            step_costs.charged(profile, [[5, 1, 1]])[1], 0.003 * 1.1)
+
     def test_decode_steps_by_batch(self):
         # Worker 1 decodes one sequence, then two, then three (charged 3, 4
         # and 5 ms) in 3, 5 and 5 ms, beside an idle worker 0.

@@ -35,6 +35,11 @@ only points below saturation with it.
 import argparse
 import collections
 import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_costs  # noqa: E402  (scripts/, beside this file)
 
 
 def fit_prefill(profile, lengths):
@@ -47,8 +52,7 @@ def fit_prefill(profile, lengths):
 def fit_decode(profile, contexts):
     if not contexts:
         return 0.0
-    c = profile["decode"]
-    return c["c0"] + c["c1"] * sum(contexts) + c["c2"] * len(contexts)
+    return step_costs.decode_seconds(profile, contexts)
 
 
 def steps_of(result, profile, gap_s):

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -227,6 +229,39 @@ absl::StatusOr<NeighborEstimate> MeasureNeighbors(
   return estimate;
 }
 
+// The decode fit's error at each batch of its samples (decode_batch_factors
+// in cost_profile.h): measured over fitted time of that batch's samples.
+std::vector<WorkerProfile::BatchFactor> BatchFactors(
+    const std::vector<Sample>& decode, const WorkerProfile& profile,
+    std::ostream& log) {
+  std::map<int64_t, std::pair<double, double>> by_batch;
+  for (const Sample& s : decode) {
+    auto& [measured, fitted] = by_batch[static_cast<int64_t>(s.x2)];
+    measured += s.y;
+    fitted += DecodeSeconds(profile, static_cast<int64_t>(s.x1),
+                            static_cast<int64_t>(s.x2));
+  }
+  std::vector<WorkerProfile::BatchFactor> factors;
+  log << "decode fit's error by batch:";
+  for (const auto& [batch, sums] : by_batch) {
+    if (sums.second <= 0) continue;
+    factors.push_back({batch, sums.first / sums.second});
+    log << absl::StrFormat(" %d: %.3fx;", batch, factors.back().factor);
+  }
+  WorkerProfile with = profile;
+  with.decode_batch_factors = factors;
+  double error = 0;
+  for (const Sample& s : decode) {
+    error += std::abs(DecodeSeconds(with, static_cast<int64_t>(s.x1),
+                                    static_cast<int64_t>(s.x2)) -
+                      s.y) /
+             s.y;
+  }
+  log << absl::StrFormat(" the fit times them %.1f%% off its samples\n",
+                         100 * error / static_cast<double>(decode.size()));
+  return factors;
+}
+
 void LogFit(std::ostream& log, const std::string& what, const FitResult& f) {
   log << absl::StrFormat(
       "%s: c0 %.4g, c1 %.4g, c2 %.4g; %d samples, error %.1f%% (held out "
@@ -374,6 +409,7 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
   if (!decode_fit.ok()) return decode_fit.status();
   LogFit(log, "decode", *decode_fit);
   profile.decode = decode_fit->model;
+  profile.decode_batch_factors = BatchFactors(decode, profile, log);
   if (shape->split) {
     auto transfer_fit =
         FitCostModel(transfer, "transfer", options.max_heldout_mape);

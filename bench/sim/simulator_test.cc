@@ -299,6 +299,46 @@ TEST(ProfileTest, ParsesAndNamesTheBadField) {
   EXPECT_THAT(ParseProfile(bad).status().message(), HasSubstr("integer"));
 }
 
+// The decode fit's error by batch: a step costs the fit times the factor at
+// its batch, linear between the batches listed, the end's beyond them.
+TEST(ProfileTest, DecodeBatchFactorsScaleTheDecodeFit) {
+  WorkerProfile p;
+  p.decode = {0.002, 1e-7, 1e-4};
+  p.kv_bytes_per_token = 23040;
+  const double fit = 0.002 + 1e-7 * 300 + 1e-4 * 3;
+  EXPECT_DOUBLE_EQ(DecodeSeconds(p, 300, 3), fit);  // none: factor 1
+  nlohmann::json json = ProfileJson(p);
+  EXPECT_FALSE(json.contains("decode_batch_factors"));
+  json["decode_batch_factors"] = {{1, 1.04}, {2, 0.96}, {4, 0.92}, {16, 1.08}};
+  auto q = ParseProfile(json);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_DOUBLE_EQ(DecodeBatchFactor(*q, 1), 1.04);
+  EXPECT_DOUBLE_EQ(DecodeBatchFactor(*q, 3), 0.94);
+  EXPECT_DOUBLE_EQ(DecodeBatchFactor(*q, 10), 1.0);
+  EXPECT_DOUBLE_EQ(DecodeBatchFactor(*q, 64), 1.08);
+  EXPECT_DOUBLE_EQ(DecodeSeconds(*q, 300, 3), fit * 0.94);
+  EXPECT_EQ(ProfileJson(*q)["decode_batch_factors"],
+            json["decode_batch_factors"]);
+  StepWork work;
+  work.Add(99, 1);
+  work.Add(199, 1);
+  EXPECT_DOUBLE_EQ(work.DecodePart(*q), DecodeSeconds(p, 300, 2) * 0.96);
+
+  for (auto [factors, error] :
+       {std::pair{nlohmann::json{{2, 1.0}, {2, 1.1}}, "above 2 (ascending)"},
+        std::pair{nlohmann::json{{0, 1.0}}, "above 0"},
+        std::pair{nlohmann::json{{1.5, 1.0}}, "an integer"},
+        std::pair{nlohmann::json{{1, 0.0}}, "in (0, 10]"},
+        std::pair{nlohmann::json{{1, 11.0}}, "in (0, 10]"},
+        std::pair{nlohmann::json{{1}}, "must be [batch, factor]"},
+        std::pair{nlohmann::json(1.0), "a list of [batch, factor]"}}) {
+    nlohmann::json bad = json;
+    bad["decode_batch_factors"] = factors;
+    EXPECT_THAT(ParseProfile(bad).status().message(), HasSubstr(error))
+        << factors;
+  }
+}
+
 // The step pricing the simulated engine and baton-sim share: prompt pieces
 // on top of what the cache holds, and one token after the first as a decode
 // (a prompt's one-token last chunk too), with known figures.

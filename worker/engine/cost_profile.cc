@@ -64,6 +64,43 @@ absl::Status Model(const Json& json, const std::string& key, CostModel* m) {
   return absl::OkStatus();
 }
 
+// decode_batch_factors: [[B, factor], ...], B ascending integers >= 1,
+// factors in (0, 10].
+absl::Status BatchFactors(const Json& json, WorkerProfile* p) {
+  if (!json.contains("decode_batch_factors")) return absl::OkStatus();
+  const Json& list = json["decode_batch_factors"];
+  if (!list.is_array()) {
+    return absl::InvalidArgumentError(
+        "profile: 'decode_batch_factors' must be a list of [batch, factor]");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& e = list[i];
+    const std::string where = absl::StrCat("decode_batch_factors[", i, "]");
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() ||
+        !e[1].is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: '", where, "' must be [batch, factor]"));
+    }
+    const double batch = e[0].get<double>(), factor = e[1].get<double>();
+    const int64_t previous = p->decode_batch_factors.empty()
+                                 ? 0
+                                 : p->decode_batch_factors.back().batch;
+    if (!std::isfinite(batch) || batch != std::floor(batch) ||
+        batch <= static_cast<double>(previous) || batch > 1e9) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile: '", where, "': the batch must be an integer above ",
+          previous, " (ascending), got ", batch));
+    }
+    if (!std::isfinite(factor) || factor <= 0 || factor > 10) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: '", where,
+                       "': the factor must be in (0, 10], got ", factor));
+    }
+    p->decode_batch_factors.push_back({static_cast<int64_t>(batch), factor});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
@@ -111,6 +148,7 @@ absl::StatusOr<WorkerProfile> ParseProfile(const Json& json) {
       n.decode = n.prefill;
     }
   }
+  if (absl::Status s = BatchFactors(json, &p); !s.ok()) return s;
   for (auto [key, field] :
        {std::pair{"kv_bytes_per_token", &p.kv_bytes_per_token},
         std::pair{"kv_blocks", &p.kv_blocks},
@@ -141,22 +179,30 @@ Json ProfileJson(const WorkerProfile& p) {
   auto model = [](const CostModel& m) {
     return Json{{"c0", m.c0}, {"c1", m.c1}, {"c2", m.c2}};
   };
-  return {{"name", p.name},
-          {"source", p.source},
-          {"prefill", model(p.prefill)},
-          {"decode", model(p.decode)},
-          {"transfer",
-           {{"alpha_s", p.transfer_alpha_s},
-            {"bytes_per_s", p.transfer_bytes_per_s},
-            {"s_per_token2", p.transfer_s_per_token2}}},
-          {"kv_bytes_per_token", p.kv_bytes_per_token},
-          {"kv_blocks", p.kv_blocks},
-          {"block_size", p.block_size},
-          {"max_batch_tokens", p.max_batch_tokens},
-          {"max_num_seqs", p.max_num_seqs},
-          {"neighbor_slowdown",
-           {{"prefill", p.neighbor_slowdown.prefill},
-            {"decode", p.neighbor_slowdown.decode}}}};
+  Json json = {{"name", p.name},
+               {"source", p.source},
+               {"prefill", model(p.prefill)},
+               {"decode", model(p.decode)},
+               {"transfer",
+                {{"alpha_s", p.transfer_alpha_s},
+                 {"bytes_per_s", p.transfer_bytes_per_s},
+                 {"s_per_token2", p.transfer_s_per_token2}}},
+               {"kv_bytes_per_token", p.kv_bytes_per_token},
+               {"kv_blocks", p.kv_blocks},
+               {"block_size", p.block_size},
+               {"max_batch_tokens", p.max_batch_tokens},
+               {"max_num_seqs", p.max_num_seqs},
+               {"neighbor_slowdown",
+                {{"prefill", p.neighbor_slowdown.prefill},
+                 {"decode", p.neighbor_slowdown.decode}}}};
+  if (!p.decode_batch_factors.empty()) {
+    Json factors = Json::array();
+    for (const WorkerProfile::BatchFactor& f : p.decode_batch_factors) {
+      factors.push_back({f.batch, f.factor});
+    }
+    json["decode_batch_factors"] = std::move(factors);
+  }
+  return json;
 }
 
 double PrefillSeconds(const WorkerProfile& p,
@@ -181,10 +227,23 @@ double PrefillSeconds(const WorkerProfile& p,
   return p.prefill.c0 + p.prefill.c1 * sum + p.prefill.c2 * squares;
 }
 
+double DecodeBatchFactor(const WorkerProfile& p, int64_t batch) {
+  const std::vector<WorkerProfile::BatchFactor>& f = p.decode_batch_factors;
+  if (f.empty()) return 1;
+  if (batch <= f.front().batch) return f.front().factor;
+  if (batch >= f.back().batch) return f.back().factor;
+  size_t i = 1;
+  while (f[i].batch < batch) ++i;
+  const double t = static_cast<double>(batch - f[i - 1].batch) /
+                   static_cast<double>(f[i].batch - f[i - 1].batch);
+  return f[i - 1].factor + t * (f[i].factor - f[i - 1].factor);
+}
+
 double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch) {
-  return p.decode.c0 + p.decode.c1 * static_cast<double>(sum_context) +
-         p.decode.c2 * static_cast<double>(batch);
+  return (p.decode.c0 + p.decode.c1 * static_cast<double>(sum_context) +
+          p.decode.c2 * static_cast<double>(batch)) *
+         DecodeBatchFactor(p, batch);
 }
 
 double TransferSeconds(const WorkerProfile& p, int64_t tokens) {

@@ -77,6 +77,18 @@ struct WorkerProfile {
     double decode = 0;
   };
   NeighborSlowdown neighbor_slowdown;
+  // The decode fit's error by batch, measured on its own samples: a step
+  // of batch B costs the fit times the factor at B, interpolated linearly
+  // between the batches listed (ascending) and the end's beyond them. A
+  // one-thread CPU worker's step grows less than linearly from one request
+  // to a few and more beyond them (caches, then memory), which c2·B cannot
+  // follow (docs/planning.md, "Cost profiles"). In JSON [[B, factor], ...];
+  // optional, none by default (factor 1).
+  struct BatchFactor {
+    int64_t batch = 1;
+    double factor = 1;
+  };
+  std::vector<BatchFactor> decode_batch_factors;
 };
 
 // INVALID_ARGUMENT naming the field for a missing or out-of-range value
@@ -95,8 +107,10 @@ struct PrefillPiece {
 };
 double PrefillSeconds(const WorkerProfile& p,
                       std::span<const PrefillPiece> pieces);
+// The decode fit times its factor at `batch` (decode_batch_factors).
 double DecodeSeconds(const WorkerProfile& p, int64_t sum_context,
                      int64_t batch);
+double DecodeBatchFactor(const WorkerProfile& p, int64_t batch);
 double TransferSeconds(const WorkerProfile& p, int64_t tokens);
 
 // One engine step as the cost model prices it, built item by item: the
