@@ -41,6 +41,15 @@ Transition RequestStateMachine::FailAttemptLocked(
     // refusal waits in a worker's line or goes elsewhere. No worker is
     // excluded (a full pool is not a broken worker; a dead one is DOWN).
     retriable = true;
+  } else if (FromWorkerRpc(error, WorkerRpc::kSetKvTarget) &&
+             error.code() == absl::StatusCode::kDeadlineExceeded &&
+             rec.prefill.has_value()) {
+    // The prefill worker did not take the reservation's target within the
+    // worker RPC timeout (stalled, or frozen on its way out): the next
+    // attempt goes elsewhere, as after one that is gone. (Past the
+    // request's own deadline the sweep ends it.)
+    retriable = true;
+    failed_prefill.push_back(*rec.prefill);
   } else if (error.code() == absl::StatusCode::kUnavailable) {
     const bool split = !rec.colocated && rec.decode.has_value();
     if (const auto who = error.GetPayload(kWorkerDownPayload)) {

@@ -220,7 +220,17 @@ TEST_F(RequestStateMachineAttemptsTest, ALostSetKvTargetExcludesThePrefill) {
       "r2", TagWorkerRpc(absl::FailedPreconditionError("already has one"),
                          WorkerRpc::kSetKvTarget)));
   ExpectEnded(t, Next::kFail, {CancelOnWorker(kP2, "r2"), FreeKv(kD, "r2")});
+  // A target the prefill worker did not take within the worker RPC
+  // timeout (a stalled worker): retried elsewhere too.
+  ASSERT_TRUE(sm_->Admit("r3", RequestSpec{100, 50}).ok());
+  ASSERT_NO_FATAL_FAILURE(Drive("r3", State::kPrefilling, kP2, kD));
+  t = Ok(sm_->OnAttemptFailed(
+      "r3", TagWorkerRpc(absl::DeadlineExceededError("Deadline Exceeded"),
+                         WorkerRpc::kSetKvTarget)));
+  ExpectEnded(t, Next::kRetry, {CancelOnWorker(kP2, "r3"), FreeKv(kD, "r3")});
+  ExpectRequeued("r3", "r3/retry1", 2, {kP2}, {});
   ASSERT_TRUE(sm_->Cancel("r1", "done").ok());
+  ASSERT_TRUE(sm_->Cancel("r3", "done").ok());
   ExpectClean();
 }
 
