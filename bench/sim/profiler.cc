@@ -113,7 +113,7 @@ absl::StatusOr<double> PrefillAlone(std::shared_ptr<grpc::Channel> channel,
 }
 
 // Its decode half, by batch: the burst's own tail (the requests still
-// decoding after its last first token), and for each b from 1 to `batch`,
+// decoding after its last first token), and for b from 1 to `batch`,
 // b requests of the burst's prompts sent at once with answers b times the
 // burst's, so that the first is still decoding when the last one's prompt
 // is in (the prefill worker may take them one at a time): after that they
@@ -124,7 +124,13 @@ absl::StatusOr<DecodeTimes> DecodeAlone(
     const std::vector<bench::RequestRecord>& burst, int batch,
     std::ostream& log) {
   DecodeTimes times = DecodeAloneTimes(burst, profile);
-  for (int b = 1; b <= batch; ++b) {
+  // 1, 2, 4, ... and `batch` itself: a batch between two of them counts
+  // against the nearer (DecodeTimes::RatioAt), and a cluster whose burst
+  // decodes dozens at once needs no dozens of runs.
+  std::vector<int> sizes;
+  for (int b = 1; b < batch; b *= 2) sizes.push_back(b);
+  sizes.push_back(batch);
+  for (int b : sizes) {
     auto run = Run(channel, b, options.neighbor_prompt,
                    options.neighbor_output * b, b, 7001 + b, options);
     if (!run.ok()) return run.status();

@@ -17,9 +17,9 @@
 //   - neighbours (split clusters): a burst of requests sent at once, the
 //     load of a saturated split cluster, and its baseline (the burst's
 //     prompts with an idle decode worker before it; after it, its own
-//     tail and runs of 1 to B requests of its prompts, B the largest batch
-//     it decoded, decoding with an idle prefill worker, timed batch by
-//     batch); the prefill steps and the decode steps
+//     tail and runs of 1, 2, 4, ... and B requests of its prompts, B the
+//     largest batch it decoded, decoding with an idle prefill worker,
+//     timed batch by batch); the prefill steps and the decode steps
 //     beside them, against the baseline, give how much a busy neighbour
 //     slows each down (neighbor_slowdown, neighbors.h); the burst's
 //     prompts alone, and the decode samples' largest batch run again,
