@@ -128,35 +128,31 @@ double DecodeTimes::RatioAt(int64_t batch) const {
       distance = d;
     }
   }
-  return nearest != nullptr ? nearest->measured_s / nearest->predicted_s : 1;
+  return nearest != nullptr ? nearest->ratio() : 1;
 }
 
 NeighborEstimate MedianNeighborEstimate(
     const std::vector<NeighborEstimate>& runs) {
   NeighborEstimate m;
-  const auto median = [&](double (*field)(const NeighborEstimate&)) {
+  // The median of one field over the runs, set on `m`.
+  const auto median = [&](auto field) {
     std::vector<double> v;
     for (const NeighborEstimate& e : runs) v.push_back(field(e));
     return MedianOf(std::move(v));
   };
-  m.prefill_alone =
-      median([](const NeighborEstimate& e) { return e.prefill_alone; });
-  m.decode_alone =
-      median([](const NeighborEstimate& e) { return e.decode_alone; });
-  m.decode_level =
-      median([](const NeighborEstimate& e) { return e.decode_level; });
-  m.prefill_ratio =
-      median([](const NeighborEstimate& e) { return e.prefill_ratio; });
-  m.decode_ratio =
-      median([](const NeighborEstimate& e) { return e.decode_ratio; });
-  m.decode_busy =
-      median([](const NeighborEstimate& e) { return e.decode_busy; });
-  m.decode_batch =
-      median([](const NeighborEstimate& e) { return e.decode_batch; });
-  m.slowdown.prefill =
-      median([](const NeighborEstimate& e) { return e.slowdown.prefill; });
-  m.slowdown.decode =
-      median([](const NeighborEstimate& e) { return e.slowdown.decode; });
+  for (double NeighborEstimate::*f :
+       {&NeighborEstimate::prefill_alone, &NeighborEstimate::decode_alone,
+        &NeighborEstimate::decode_level, &NeighborEstimate::prefill_ratio,
+        &NeighborEstimate::decode_ratio, &NeighborEstimate::decode_busy,
+        &NeighborEstimate::decode_batch}) {
+    m.*f = median([f](const NeighborEstimate& e) { return e.*f; });
+  }
+  for (double WorkerProfile::NeighborSlowdown::*f :
+       {&WorkerProfile::NeighborSlowdown::prefill,
+        &WorkerProfile::NeighborSlowdown::decode}) {
+    m.slowdown.*f =
+        median([f](const NeighborEstimate& e) { return e.slowdown.*f; });
+  }
   for (const NeighborEstimate& e : runs) {
     m.prefill_steps += e.prefill_steps;
     m.decode_steps += e.decode_steps;

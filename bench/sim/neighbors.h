@@ -30,15 +30,6 @@
 
 namespace baton::sim {
 
-// One decode sample (profiler.h, DecodeWindowSamples): a stretch of steps
-// in which all `batch` requests decoded, the median step time and the
-// batch's mean total context.
-struct DecodeWindowSample {
-  int64_t batch = 0;
-  int64_t sum_context = 0;
-  double step_s = 0;
-};
-
 // Decode gaps timed against the decode fit (each request's gaps but its
 // first, which also holds the KV handoff), by the batch decoding at each
 // gap's middle: a step of batch B gives B gaps.
@@ -47,6 +38,9 @@ struct DecodeTimes {
     double measured_s = 0;
     double predicted_s = 0;
     int gaps = 0;
+    double ratio() const {
+      return predicted_s > 0 ? measured_s / predicted_s : 1;
+    }
   };
   // A batch with fewer gaps than this is too few to stand for its own.
   static constexpr int kMinGaps = 20;

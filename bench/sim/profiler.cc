@@ -138,9 +138,7 @@ absl::StatusOr<DecodeTimes> DecodeAlone(
   }
   log << "neighbours' baseline: decoding alone, by batch:";
   for (const auto& [b, c] : times.by_batch) {
-    log << absl::StrFormat(" %d: %.3fx (%d gaps);", b,
-                           c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0,
-                           c.gaps);
+    log << absl::StrFormat(" %d: %.3fx (%d gaps);", b, c.ratio(), c.gaps);
   }
   log << "\n";
   return times;
@@ -440,14 +438,12 @@ absl::StatusOr<WorkerProfile> MeasureProfile(
           << " runs: " << median.Describe() << "\n";
     }
     profile.neighbor_slowdown = median.slowdown;
-    // The fits' shape comes from their samples, their level from steps
-    // timed last (the host's speed moves by more than the fits' error in
-    // the minutes between): the prefill's from the burst's prompts alone,
-    // the decode's from the samples' largest batch again, where the steps
-    // cost most. Not from the burst's small decode batches: the fit's
-    // error differs between batches (neighbors.h), and a level set where
-    // steps are cheap charged a saturated colocated worker's large batches
-    // ~10% short (docs/planning.md, run 21).
+    // The fits' shape comes from their samples (the decode fit's with its
+    // error by batch), their level from steps timed last: the host's speed
+    // moves by more than the fits' error in the minutes between. The
+    // prefill's from the burst's prompts alone, the decode's from the
+    // samples' largest batch again (against the fit with its factors:
+    // the drift alone).
     for (double* c :
          {&profile.prefill.c0, &profile.prefill.c1, &profile.prefill.c2}) {
       *c *= median.prefill_alone;

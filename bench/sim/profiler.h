@@ -77,6 +77,13 @@ struct DecodeWindow {
   double end_ms = 0;
 };
 DecodeWindow WholeBatchWindow(const std::vector<bench::RequestRecord>& records);
+// One decode sample: a stretch of steps in which all `batch` requests
+// decoded, the median step time and the batch's mean total context.
+struct DecodeWindowSample {
+  int64_t batch = 0;
+  int64_t sum_context = 0;
+  double step_s = 0;
+};
 std::vector<DecodeWindowSample> DecodeWindowSamples(
     const std::vector<bench::RequestRecord>& records, int chunk);
 
