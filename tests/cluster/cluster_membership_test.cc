@@ -77,8 +77,11 @@ TEST(ClusterDrainTest, DecodeWorkerDrainsItsReservedRequest) {
 
   StreamResult result;
   std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
-  // The prefill worker holds the prompt; the decode worker its reservation.
+  // The prefill worker holds the prompt; the decode worker its reservation
+  // (made beside the Prefill, so it may come after the prefill's stop).
   ASSERT_NO_FATAL_FAILURE(ExpectPrefillStopped(*cluster, client));
+  const absl::Status reserved = cluster->WaitForLeases(1, 1, Guard());
+  EXPECT_TRUE(reserved.ok()) << reserved;
 
   decode.process->Signal(SIGTERM);
   EXPECT_TRUE(Eventually([&] {
@@ -114,8 +117,11 @@ TEST(ClusterDrainTest, PrefillWorkerFinishesItsPrefillBeforeExiting) {
 
   StreamResult result;
   std::thread client([&] { result = RunGenerate(cluster->baton(), request); });
-  // The prefill worker holds the prompt; the decode worker its reservation.
+  // The prefill worker holds the prompt; the decode worker its reservation
+  // (made beside the Prefill, so it may come after the prefill's stop).
   ASSERT_NO_FATAL_FAILURE(ExpectPrefillStopped(*cluster, client));
+  const absl::Status reserved = cluster->WaitForLeases(1, 1, Guard());
+  EXPECT_TRUE(reserved.ok()) << reserved;
   // Signalled mid-prefill: the prefill, its handoff and the request finish.
   prefill.process->Signal(SIGTERM);
   prefill.process->Signal(SIGCONT);

@@ -206,8 +206,9 @@ TEST(ClusterWorkerFaultTest, PrefillWorkerKilledMidPrefill) {
 // already streamed) and cancels it on both workers; once the decode worker
 // runs again, both hold nothing. The freeze comes at a known point: the
 // prefill worker stops itself at its first prompt step (fault point
-// prefill_step, after ReserveKv), the decode worker is frozen, then the
-// prefill worker continued. The KV connection's own no-progress timeout
+// prefill_step), the decode worker's reservation (made beside the Prefill)
+// is awaited, the decode worker is frozen, then the prefill worker
+// continued. The KV connection's own no-progress timeout
 // (--kv_stall_timeout_ms) is set past the test's deadline: the prefill
 // sender waits on the frozen receiver from its first layer on, and on a
 // slow host the prefill outlasts the default 10 s, which would fail the
@@ -242,11 +243,9 @@ TEST(ClusterWorkerFaultTest, StalledTransferTimesOutAndFreesBothSides) {
       cluster->WaitForStoppedWorker(absl::Seconds(120));
   const bool frozen = stopped.ok() && *stopped == 0;
   if (frozen) {
-    v1::GetWorkerStatusResponse status;
-    grpc::ClientContext context;
-    EXPECT_TRUE(decode.stub->GetWorkerStatus(&context, {}, &status).ok());
-    EXPECT_EQ(status.leased_request_ids_size(), 1)
-        << "the decode worker holds no reservation yet";
+    const absl::Status reserved =
+        cluster->WaitForLeases(1, 1, DefaultTestDeadline());
+    EXPECT_TRUE(reserved.ok()) << reserved;
     decode.process->Signal(SIGSTOP);
     cluster->workers()[0].process->Signal(SIGCONT);
     // Until the coordinator has given up on the transfer (minutes under

@@ -414,4 +414,29 @@ absl::StatusOr<int> LocalCluster::WaitForStoppedWorker(absl::Duration timeout) {
   }
 }
 
+absl::Status LocalCluster::WaitForLeases(int index, int count,
+                                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no status";
+  while (true) {
+    v1::GetWorkerStatusResponse status;
+    auto context = ShortContext();
+    const grpc::Status rpc = workers_[index].stub->GetWorkerStatus(
+        context.get(), v1::GetWorkerStatusRequest(), &status);
+    if (rpc.ok()) {
+      if (status.leased_request_ids_size() == count) return absl::OkStatus();
+      last = absl::StrCat(status.leased_request_ids_size(), " leased");
+    } else {
+      last = rpc.error_message();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker ", workers_[index].address, " did not hold ",
+                       count, " leased requests within ",
+                       absl::FormatDuration(timeout), " (", last, ")"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 }  // namespace baton::testing

@@ -121,6 +121,11 @@ class LocalCluster {
   // timeout only guards against a hang: the stop is an event of the
   // request, not of the clock. DeadlineExceeded naming the timeout.
   absl::StatusOr<int> WaitForStoppedWorker(absl::Duration timeout);
+  // Until worker `index` reports `count` leased requests (a decode worker's
+  // reservations: the coordinator makes them beside the Prefill, so a
+  // prefill worker stopped at its first step does not imply them). The
+  // error names the count last seen.
+  absl::Status WaitForLeases(int index, int count, absl::Duration timeout);
 
   // Starts one more worker of `role` ("prefill", "decode", "both") with the
   // cluster's options plus `extra_flags`, once it listens; its index in
