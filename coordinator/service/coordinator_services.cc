@@ -241,6 +241,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
 grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const absl::Time arrival = absl::Now();
   auto* reactor = new GenerateReactor();
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
     cluster_->metrics().OnRequestRejected(auth);
@@ -267,6 +268,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
     reactor->Close(ToGrpcStatus(job.status()));
     return reactor;
   }
+  job->arrival = arrival;
   const AdmissionVerdict admitted =
       cluster_->Admit(RoutingInfo(*job, cluster_->model().id()));
   if (!admitted.status.ok()) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc/async_call.h"
 #include "common/grpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -88,6 +89,7 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
       job.client_id.empty() ? id : absl::StrCat(job.client_id, "@", id);
   if (job.client_id.empty()) job.client_id = job.internal_id;
   job.deadline = deadline;
+  job.arrival = absl::Now();
   return job;
 }
 
@@ -260,6 +262,9 @@ async::Task<absl::Status> GenerateCall::Serve() {
   prefill_request.set_request_id(id);
   prefill_request.set_model_id(cluster_->model().id());
   prefill_request.set_coordinator_id(cluster_->options().coordinator_id);
+  // Every attempt carries the request's own arrival: the worker admits
+  // prompts in that order (a retry goes ahead of later arrivals).
+  prefill_request.set_arrival_unix_micros(absl::ToUnixMicros(job_.arrival));
   prefill_request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
                                                   job_.prompt.end());
   *prefill_request.mutable_sampling() = job_.sampling;

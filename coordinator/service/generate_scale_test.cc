@@ -8,12 +8,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/grpc/serving.h"
@@ -175,6 +178,23 @@ TEST(GenerateRouteTest, TheReservationGoesBesideThePrefillForAHostKvPool) {
     EXPECT_EQ(fake->prefill_service.prefills_followed(), c.beside ? 1 : 0);
     EXPECT_EQ(fake->prefill_service.prefills_with_target(), c.beside ? 0 : 1);
   }
+}
+
+// The Prefill carries when the request reached the coordinator, on the
+// clock workers compare (they admit prompts in that order).
+TEST(GenerateRouteTest, ThePrefillCarriesTheRequestsArrival) {
+  auto fake = FakeCluster::Start(ScaleOptions(1));
+  ASSERT_NE(fake, nullptr);
+  const int64_t before = absl::ToUnixMicros(absl::Now());
+  ClientStream stream(fake->baton.get());
+  ASSERT_TRUE(Eventually([&] { return fake->decode_service.held() == 1; }));
+  const int64_t after = absl::ToUnixMicros(absl::Now());
+  fake->decode_service.ReleaseAll();
+  ASSERT_TRUE(Eventually([&] { return stream.done(); }));
+  const std::vector<int64_t> arrivals = fake->prefill_service.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  EXPECT_GE(arrivals[0], before);
+  EXPECT_LE(arrivals[0], after);
 }
 
 }  // namespace

@@ -101,6 +101,7 @@ class FakeWorker final : public v1::Worker::CallbackService {
       absl::MutexLock lock(&mu_);
       (request->kv_target_follows() ? prefills_followed_
                                     : prefills_with_target_) += 1;
+      arrivals_.push_back(request->arrival_unix_micros());
     }
     class FirstToken final
         : public grpc::ServerWriteReactor<v1::PrefillResponse> {
@@ -137,6 +138,11 @@ class FakeWorker final : public v1::Worker::CallbackService {
     absl::MutexLock lock(&mu_);
     return prefills_followed_;
   }
+  // Each Prefill's arrival_unix_micros, in the order they came.
+  std::vector<int64_t> arrivals() {
+    absl::MutexLock lock(&mu_);
+    return arrivals_;
+  }
   // Ends every held stream that has not ended (each ends once: Release or
   // OnCancel).
   void ReleaseAll() {
@@ -149,6 +155,7 @@ class FakeWorker final : public v1::Worker::CallbackService {
   std::vector<std::unique_ptr<HeldDecode>> held_ ABSL_GUARDED_BY(mu_);
   int prefills_with_target_ ABSL_GUARDED_BY(mu_) = 0;
   int prefills_followed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> arrivals_ ABSL_GUARDED_BY(mu_);
 };
 
 // One client stream: counts what arrives, records how it ended.

@@ -4,10 +4,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/default_model_test_base.h"
+#include "worker/engine/scheduler.h"
 #include "worker/engine/simulated_runner.h"
 
 namespace baton {
@@ -140,6 +143,53 @@ TEST_F(EngineTest, SimulatedRunnerFollowsItsTokenRule) {
   EXPECT_EQ(results["s"].tokens, expected);
   EXPECT_EQ(results["s"].reason, FinishReason::kLength);
   ExpectAllBlocksFree(**engine);
+}
+
+// Waiting prompts are admitted in the order they reached the cluster (the
+// coordinator's stamp), not the order their calls reached the engine; an
+// unstamped one counts as arriving when it reached the engine. The budget
+// fits one prompt a step, so the requests end (max_tokens 1) in their
+// admission order.
+TEST_F(EngineTest, PromptsAreAdmittedInTheOrderTheyReachedTheCluster) {
+  const int64_t now = absl::ToUnixMicros(absl::Now());
+  EXPECT_EQ(FcfsArrival(0, now), now);
+  EXPECT_EQ(FcfsArrival(now - 5, now), now - 5);
+  EXPECT_EQ(FcfsArrival(now + 5, now), now);  // not after it got here
+  EXPECT_EQ(FcfsArrival(now - 3 * kMaxArrivalLeadUs, now),
+            now - kMaxArrivalLeadUs);
+  const std::vector<int32_t> prompt = Chat("Name a colour.");
+  struct Sent {
+    const char* id;
+    int64_t arrival_unix_us;
+  };
+  for (const bool stamped : {true, false}) {
+    SCOPED_TRACE(stamped ? "stamped" : "unstamped");
+    auto engine = MakeEngine(/*blocks=*/64,
+                             /*budget=*/static_cast<int64_t>(prompt.size()));
+    std::vector<std::string> ended;
+    // Sent in this order; stamped, "a" reached the cluster first and "c"
+    // (no stamp) last.
+    for (const Sent& r : {Sent{"b", now - 1'000'000}, Sent{"c", 0},
+                          Sent{"a", now - 2'000'000}}) {
+      GenerationRequest request{r.id, prompt, Greedy(1),
+                                stamped ? r.arrival_unix_us : 0};
+      ASSERT_TRUE(engine
+                      ->Submit(std::move(request),
+                               [&ended, id = std::string(r.id)](
+                                   const RequestOutput& out) {
+                                 if (out.finish_reason != FinishReason::kNone) {
+                                   ended.push_back(id);
+                                 }
+                               })
+                      .ok());
+    }
+    engine->RunUntilIdle();
+    const std::vector<std::string> expected =
+        stamped ? std::vector<std::string>{"a", "b", "c"}
+                : std::vector<std::string>{"b", "c", "a"};
+    EXPECT_EQ(ended, expected);
+    ExpectAllBlocksFree(*engine);
+  }
 }
 
 TEST_F(EngineTest, StopStringIsNeverEmitted) {

@@ -22,6 +22,10 @@ struct GenerationRequest {
   std::string id;               // unique among live requests
   std::vector<int32_t> prompt;  // token ids, already templated
   SamplingParams params;
+  // When the request reached the cluster (a coordinator's clock, µs since
+  // the Unix epoch; 0: unknown, taken as its arrival at this engine).
+  // Waiting prompts are admitted in this order (FcfsArrival, scheduler.h).
+  int64_t arrival_unix_us = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };

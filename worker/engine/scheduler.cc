@@ -1,8 +1,25 @@
 #include "worker/engine/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
+#include <tuple>
 
 namespace baton {
+
+int64_t FcfsArrival(int64_t stamped_us, int64_t here_us) {
+  if (stamped_us <= 0) return here_us;
+  return std::clamp(stamped_us, here_us - kMaxArrivalLeadUs, here_us);
+}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  const auto arrived_after = [seq](const Sequence* other) {
+    return std::tie(other->arrival_us, other->arrival_order) >
+           std::tie(seq->arrival_us, seq->arrival_order);
+  };
+  auto it = waiting_.end();
+  while (it != waiting_.begin() && arrived_after(*std::prev(it))) --it;
+  waiting_.insert(it, seq);
+}
 
 void Scheduler::Remove(Sequence* seq) {
   Detach(seq);

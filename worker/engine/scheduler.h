@@ -1,6 +1,9 @@
 // Decides each engine step's batch: every running decode gets one token,
 // then waiting prompts are prefilled in chunks, first come first served, under
 // a per-step token budget (vLLM-style chunked prefill mixed with decode).
+// "First come" is by arrival at the cluster (Sequence::arrival_us), not at
+// this engine: prompts whose calls reach a worker within a few ms of each
+// other arrive here in whatever order its threads ran.
 //
 // KV blocks: a prompt's blocks are reserved in full when it is admitted, and
 // a decode reserves one more block when its next token starts one. When the
@@ -52,7 +55,9 @@ class Scheduler {
             const PrefixCacheConfig& prefix = {})
       : options_(options), cache_(cache), prefix_(prefix) {}
 
-  void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
+  // Queues seq behind every waiting sequence that arrived no later than it
+  // (arrival_us, then arrival_order), ahead of those that arrived later.
+  void AddWaiting(Sequence* seq);
   // Joins a sequence whose blocks already hold its cached tokens (an
   // imported one) straight to the running batch. It counts against
   // max_num_seqs for later admissions only.
@@ -85,9 +90,21 @@ class Scheduler {
   PrefixCacheConfig prefix_;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
-  std::deque<Sequence*> waiting_;   // FCFS; preempted ones return to front
+  // FCFS (AddWaiting); preempted ones return to the front.
+  std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admitted, in admission order
 };
+
+// The FCFS key of a request stamped `stamped_us` by a coordinator
+// (GenerationRequest::arrival_unix_us) that reaches an engine at `here_us`
+// (both µs since the Unix epoch): the stamp, so prompts are admitted in the
+// order they reached the cluster whatever order their calls took to get
+// here; `here_us` for an unstamped one (<= 0). The stamp is taken no later
+// than `here_us` and no earlier than kMaxArrivalLeadUs before it, so a
+// coordinator whose clock is off puts its requests at most that far ahead
+// of others.
+inline constexpr int64_t kMaxArrivalLeadUs = 10'000'000;
+int64_t FcfsArrival(int64_t stamped_us, int64_t here_us);
 
 // The other side of the prefix cache: publishes the full blocks of `seq`
 // that its cache holds (num_cached) and were not yet published, under their

@@ -39,7 +39,11 @@ struct Sequence {
   std::unique_ptr<IncrementalDecoder> detokenizer;
   std::unique_ptr<StopChecker> stop_checker;
   RequestMetrics metrics;
-  uint64_t arrival_order = 0;  // FCFS key
+  // FCFS: waiting prompts are admitted in order of (arrival_us,
+  // arrival_order): when the request reached the cluster (FcfsArrival), then
+  // the order in which it reached this engine.
+  int64_t arrival_us = 0;
+  uint64_t arrival_order = 0;
 
   // --- Prefill-only requests (on_prefill set instead of on_output) ---
   PrefillCallback on_prefill;

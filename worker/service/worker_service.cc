@@ -178,6 +178,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
     generation.prompt.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
     generation.params = std::move(*params);
+    generation.arrival_unix_us = request->arrival_unix_micros();
     if (request->has_kv_target()) {
       if (options_.role == v1::WORKER_ROLE_DECODE) {
         return absl::FailedPreconditionError(
