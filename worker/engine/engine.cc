@@ -6,8 +6,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/fault/fault_points.h"
 #include "common/status_macros.h"
 
@@ -132,8 +130,7 @@ absl::Status Engine::Enqueue(std::unique_ptr<Sequence> seq, bool id_reserved) {
         absl::StrCat("request id '", seq->request.id, "' is already in use"));
   }
   seq->arrival_order = next_arrival_++;
-  seq->arrival_us = FcfsArrival(seq->request.arrival_unix_us,
-                                absl::ToUnixMicros(absl::Now()));
+  seq->arrival_us = FcfsArrivalNow(seq->request.arrival_unix_us);
   inbox_.push_back(std::move(seq));
   return absl::OkStatus();
 }

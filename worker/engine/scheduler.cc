@@ -4,11 +4,18 @@
 #include <iterator>
 #include <tuple>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 namespace baton {
 
 int64_t FcfsArrival(int64_t stamped_us, int64_t here_us) {
   if (stamped_us <= 0) return here_us;
   return std::clamp(stamped_us, here_us - kMaxArrivalLeadUs, here_us);
+}
+
+int64_t FcfsArrivalNow(int64_t stamped_us) {
+  return FcfsArrival(stamped_us, absl::ToUnixMicros(absl::Now()));
 }
 
 void Scheduler::AddWaiting(Sequence* seq) {

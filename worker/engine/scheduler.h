@@ -105,6 +105,8 @@ class Scheduler {
 // of others.
 inline constexpr int64_t kMaxArrivalLeadUs = 10'000'000;
 int64_t FcfsArrival(int64_t stamped_us, int64_t here_us);
+// The same, arriving now.
+int64_t FcfsArrivalNow(int64_t stamped_us);
 
 // The other side of the prefix cache: publishes the full blocks of `seq`
 // that its cache holds (num_cached) and were not yet published, under their
