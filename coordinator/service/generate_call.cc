@@ -89,7 +89,6 @@ absl::StatusOr<GenerateJob> PrepareGenerate(const ServedModel& model,
       job.client_id.empty() ? id : absl::StrCat(job.client_id, "@", id);
   if (job.client_id.empty()) job.client_id = job.internal_id;
   job.deadline = deadline;
-  job.arrival = absl::Now();
   return job;
 }
 

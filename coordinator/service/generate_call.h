@@ -71,10 +71,10 @@ struct GenerateJob {
   v1::SamplingParams sampling;
   // Client deadline (InfiniteFuture if none).
   absl::Time deadline = absl::InfiniteFuture();
-  // When the call reached the coordinator (PrepareGenerate's time unless
-  // its caller sets an earlier one): the order in which workers admit
+  // When the call reached the coordinator (its handler sets it; the Unix
+  // epoch, sent as 0, is "unknown"): the order in which workers admit
   // prompts (PrefillRequest.arrival_unix_micros).
-  absl::Time arrival;
+  absl::Time arrival = absl::UnixEpoch();
 };
 
 // Validates `request` against options.limits and the served model:
