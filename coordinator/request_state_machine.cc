@@ -182,26 +182,29 @@ RequestStateMachine::FindInStateLocked(
 }
 
 void RequestStateMachine::AddLoadLocked(const WorkerId& worker,
-                                        int64_t prefill_tokens,
-                                        int64_t decode_blocks,
-                                        int64_t sequences) {
-  if (prefill_tokens == 0 && decode_blocks == 0 && sequences == 0) return;
+                                        const RequestLoad& delta) {
+  if (delta == RequestLoad{}) return;
   RequestLoad& load = loads_[worker];
-  load.prefill_tokens += prefill_tokens;
-  load.decode_blocks += decode_blocks;
-  load.sequences += sequences;
+  load.prefill_tokens += delta.prefill_tokens;
+  load.decode_blocks += delta.decode_blocks;
+  load.sequences += delta.sequences;
+  load.grants_in_flight += delta.grants_in_flight;
   BATON_CHECK_GE(load.prefill_tokens, 0);
   BATON_CHECK_GE(load.decode_blocks, 0);
   BATON_CHECK_GE(load.sequences, 0);
+  BATON_CHECK_GE(load.grants_in_flight, 0);
   if (load == RequestLoad{}) loads_.erase(worker);
 }
 
 void RequestStateMachine::DropDecodeLoadLocked(Record& rec) {
-  if (rec.decode_blocks != 0 || rec.counts_sequence) {
-    AddLoadLocked(rec.decode->id, 0, -rec.decode_blocks,
-                  rec.counts_sequence ? -1 : 0);
+  if (rec.decode_blocks != 0 || rec.counts_sequence || rec.grant_in_flight) {
+    AddLoadLocked(rec.decode->id,
+                  {.decode_blocks = -rec.decode_blocks,
+                   .sequences = rec.counts_sequence ? -1 : 0,
+                   .grants_in_flight = rec.grant_in_flight ? -1 : 0});
     rec.decode_blocks = 0;
     rec.counts_sequence = false;
+    rec.grant_in_flight = false;
   }
 }
 
@@ -219,7 +222,7 @@ Transition RequestStateMachine::EndLeasesLocked(
     }
   }
   if (rec.prefill_tokens != 0) {
-    AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0, 0);
+    AddLoadLocked(rec.prefill->id, {.prefill_tokens = -rec.prefill_tokens});
     rec.prefill_tokens = 0;
   }
   DropDecodeLoadLocked(rec);
@@ -270,7 +273,7 @@ Transition RequestStateMachine::DropReservationLocked(
 
 absl::StatusOr<Transition> RequestStateMachine::ReserveDecode(
     absl::string_view attempt_id, const WorkerRef& decode_worker,
-    int64_t blocks) {
+    int64_t blocks, bool waits) {
   if (blocks < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attempt '", attempt_id, "': blocks must be >= 0, got ", blocks));
@@ -291,7 +294,10 @@ absl::StatusOr<Transition> RequestStateMachine::ReserveDecode(
   rec->decode = decode_worker;
   rec->decode_blocks = blocks;
   rec->counts_sequence = true;
-  AddLoadLocked(decode_worker.id, 0, blocks, 1);
+  rec->grant_in_flight = !waits;
+  AddLoadLocked(decode_worker.id, {.decode_blocks = blocks,
+                                   .sequences = 1,
+                                   .grants_in_flight = waits ? 0 : 1});
   return Edge(request_id, rec->attempt_id, RequestState::kQueued,
               RequestState::kQueued);
 }
@@ -314,6 +320,24 @@ absl::StatusOr<Transition> RequestStateMachine::OnReserveRefused(
       request_id, rec,
       Refused(why) ? LeaseRelease::kRefused : LeaseRelease::kCleanupAction,
       why);
+}
+
+absl::Status RequestStateMachine::OnReserved(absl::string_view attempt_id) {
+  absl::MutexLock lock(&mu_);
+  std::string request_id;
+  absl::StatusOr<Record*> found = FindAttemptLocked(attempt_id, &request_id);
+  if (!found.ok()) return found.status();
+  Record& rec = **found;
+  if (IsTerminal(rec.state) || !rec.decode.has_value() || rec.colocated) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request '", request_id, "': OnReserved in ",
+                     RequestStateName(rec.state), " holds no reservation"));
+  }
+  if (rec.grant_in_flight) {
+    rec.grant_in_flight = false;
+    AddLoadLocked(rec.decode->id, {.grants_in_flight = -1});
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
@@ -348,7 +372,8 @@ absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
   rec.prefill = prefill_worker;
   rec.prefill_tokens = rec.spec.prompt_tokens;
   const bool colocated = !rec.decode.has_value();
-  AddLoadLocked(prefill_worker.id, rec.prefill_tokens, 0, colocated ? 1 : 0);
+  AddLoadLocked(prefill_worker.id, {.prefill_tokens = rec.prefill_tokens,
+                                    .sequences = colocated ? 1 : 0});
   if (colocated) {
     rec.colocated = true;
     rec.decode = prefill_worker;
@@ -368,7 +393,7 @@ absl::StatusOr<Transition> RequestStateMachine::OnFirstToken(
       attempt_id, "OnFirstToken", {RequestState::kPrefilling}, &request_id);
   if (!found.ok()) return found.status();
   Record& rec = **found;
-  AddLoadLocked(rec.prefill->id, -rec.prefill_tokens, 0, 0);
+  AddLoadLocked(rec.prefill->id, {.prefill_tokens = -rec.prefill_tokens});
   rec.prefill_tokens = 0;
   rec.first_token = true;
   // Colocated: the same lease now backs the decode.

@@ -190,6 +190,13 @@ struct RequestLoad {
   // decode reservation on, a colocated one from its prefill on (the
   // sequences the worker runs, or will once their prompts are prefilled).
   int64_t sequences = 0;
+  // Reservations made within the room known here (not those sent to wait
+  // for room) whose ReserveKv has not been answered yet. A request sent to
+  // wait in the worker's line is held back while any is: the worker serves
+  // whatever reaches it first, and a reservation the coordinator granted
+  // earlier may still be on its way (its thread descheduled before the
+  // call went out, the call itself slow).
+  int64_t grants_in_flight = 0;
 
   bool operator==(const RequestLoad&) const = default;
 };
@@ -216,10 +223,17 @@ class RequestStateMachine {
   // QUEUED: the decode worker is asked to reserve `blocks` blocks (its
   // load from now on); its lease starts now (a reservation whose reply is
   // lost still holds blocks). FailedPrecondition if a reservation is
-  // already held.
+  // already held. Unless it `waits` (sent to wait for room in the worker's
+  // line), it is a grant in flight until OnReserved or the reservation's
+  // end (RequestLoad::grants_in_flight).
   absl::StatusOr<Transition> ReserveDecode(absl::string_view attempt_id,
                                            const WorkerRef& decode_worker,
-                                           int64_t blocks = 0);
+                                           int64_t blocks = 0,
+                                           bool waits = false);
+  // Any live state holding a reservation: the worker answered its ReserveKv
+  // (it holds the blocks); no change of state. FailedPrecondition when no
+  // reservation is held (the attempt dropped it meanwhile).
+  absl::Status OnReserved(absl::string_view attempt_id);
   // QUEUED, reserved on `decode_worker`: the ReserveKv call failed with
   // `why`. RESOURCE_EXHAUSTED, INVALID_ARGUMENT or FAILED_PRECONDITION: the
   // worker refused, nothing was held; any other code: the reply may have
@@ -339,6 +353,7 @@ class RequestStateMachine {
     int64_t prefill_tokens = 0;
     int64_t decode_blocks = 0;
     bool counts_sequence = false;  // on `decode`
+    bool grant_in_flight = false;  // on `decode`
     absl::Time queue_deadline = absl::InfiniteFuture();
     absl::Time transferring_since = absl::InfiniteFuture();
     absl::Status status;
@@ -388,8 +403,7 @@ class RequestStateMachine {
                                const std::optional<WorkerRef>& down = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` to the load of `worker`.
-  void AddLoadLocked(const WorkerId& worker, int64_t prefill_tokens,
-                     int64_t decode_blocks, int64_t sequences)
+  void AddLoadLocked(const WorkerId& worker, const RequestLoad& delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the reservation's load.
   void DropDecodeLoadLocked(Record& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

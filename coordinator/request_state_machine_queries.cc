@@ -136,9 +136,10 @@ absl::Status RequestStateMachine::CheckInvariants() const {
       loads[rec.decode->id].decode_blocks += rec.decode_blocks;
     }
     if (rec.counts_sequence) ++loads[rec.decode->id].sequences;
+    if (rec.grant_in_flight) ++loads[rec.decode->id].grants_in_flight;
     if (IsTerminal(rec.state) &&
         (rec.prefill_tokens != 0 || rec.decode_blocks != 0 ||
-         rec.counts_sequence)) {
+         rec.counts_sequence || rec.grant_in_flight)) {
       return absl::InternalError(
           absl::StrCat("request '", id, "' is ", RequestStateName(rec.state),
                        " but still counts load on a worker"));

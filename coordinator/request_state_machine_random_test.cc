@@ -6,15 +6,14 @@
 // the protocol creates (by attempt id) and the actions the state machine
 // emits; after every event it must equal the live leases, every free must
 // hit a held lease, the loads must be those the requests' states imply, and
-// at the end nothing is held and no load is left.
+// at the end nothing is held and no load is left. The model of the pools is
+// request_state_machine_random_model.h.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,105 +21,26 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/clock.h"
 #include "coordinator/request_state_machine.h"
+#include "coordinator/request_state_machine_random_model.h"
 #include "coordinator/worker_rpc.h"
 #include "gtest/gtest.h"
 
 namespace baton::coordinator {
 namespace {
 
+using random_walk::Excluded;
+using random_walk::Holders;
+using random_walk::PoolModel;
+using random_walk::Refs;
+using random_walk::SimWorker;
 using State = RequestState;
 using Loads = std::map<WorkerId, RequestLoad>;
-using Refs = std::vector<WorkerRef>;
 
 constexpr int kNumRequests = 50;
 constexpr int kNumEvents = 10000;
 constexpr int kMaxAttempts = 3;
 constexpr int kMaxMigrations = 2;
 constexpr absl::Duration kQueueTimeout = absl::Seconds(12);
-
-struct SimWorker {
-  WorkerId id;
-  WorkerRole role;
-  uint64_t epoch;
-};
-
-class PoolModel {
- public:
-  // A worker incarnation starts holding blocks for an attempt.
-  void Hold(const WorkerRef& w, const std::string& attempt) {
-    ASSERT_TRUE(held_.insert({w, attempt}).second)
-        << attempt << " already held on " << w;
-  }
-  // A worker frees an attempt's blocks: they must be held (exactly once).
-  void Free(const WorkerRef& w, const std::string& attempt) {
-    ASSERT_EQ(held_.erase({w, attempt}), 1u)
-        << attempt << " freed on " << w << " but not held there";
-  }
-  void Apply(const Transition& t) {
-    for (const CleanupAction& a : t.actions) {
-      ASSERT_EQ(a.request_id, t.attempt_id);
-      Free(a.worker, a.request_id);
-      ++actions_;
-    }
-  }
-  // A dead incarnation's pool is gone.
-  void Lose(const WorkerRef& w) {
-    for (auto it = held_.begin(); it != held_.end();) {
-      it = it->first == w ? held_.erase(it) : std::next(it);
-    }
-  }
-  std::vector<Lease> AsLeases() const {
-    std::vector<Lease> out;
-    for (const auto& [w, r] : held_) out.push_back(Lease{w, r});
-    std::sort(out.begin(), out.end(), [](const Lease& a, const Lease& b) {
-      return std::tie(a.worker.id, a.request_id) <
-             std::tie(b.worker.id, b.request_id);
-    });
-    return out;
-  }
-  int64_t actions() const { return actions_; }
-
- private:
-  std::set<std::pair<WorkerRef, std::string>> held_;
-  int64_t actions_ = 0;
-};
-
-// The workers an attempt in `s` holds leases on (the header's table).
-Refs Holders(const RequestSnapshot& s) {
-  const bool split = !s.colocated && s.decode_worker.has_value();
-  switch (s.state) {
-    case State::kQueued:
-      return split ? Refs{*s.decode_worker} : Refs{};
-    case State::kPrefilling:
-    case State::kTransferring:
-      return split ? Refs{*s.prefill_worker, *s.decode_worker}
-                   : Refs{*s.prefill_worker};
-    case State::kDecoding:
-      return Refs{*s.decode_worker};
-    default:
-      return {};
-  }
-}
-
-// The exclusions of the attempt after `before`'s failed with `error`, which
-// blames the worker named by its typed payload.
-std::pair<Refs, Refs> Excluded(const RequestSnapshot& before,
-                               const absl::Status& error) {
-  Refs prefill = before.excluded_prefill;
-  Refs decode = before.excluded_decode;
-  const bool split = !before.colocated && before.decode_worker.has_value();
-  if (const auto who = error.GetPayload(kWorkerDownPayload)) {
-    for (const WorkerRef& w : Holders(before)) {
-      if (*who != w.id) continue;
-      (split && w == *before.decode_worker ? decode : prefill).push_back(w);
-    }
-  } else if (FromWorkerRpc(error, WorkerRpc::kPrefill)) {
-    prefill.push_back(*before.prefill_worker);
-  } else if (FromWorkerRpc(error, WorkerRpc::kDecode)) {
-    (split ? decode : prefill).push_back(*before.decode_worker);
-  }
-  return {prefill, decode};
-}
 
 TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
   std::mt19937_64 rng(20261130);
@@ -145,6 +65,9 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
   for (int i = 0; i < kNumRequests; ++i) ids.push_back(absl::StrCat("r", i));
   std::map<std::string, int64_t> prompt;  // request id -> prompt tokens
   std::map<std::string, int64_t> blocks;  // attempt id -> reserved blocks
+  // Attempt id -> its reservation was granted (not sent to wait) and not
+  // answered yet.
+  std::map<std::string, bool> in_flight;
   std::map<std::string, std::vector<std::string>> stale;  // attempts over
   std::map<State, int64_t> reached;
   std::map<std::string, int64_t> n;  // edges taken, by name
@@ -178,6 +101,10 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       }
       // Every request that has a decode worker decodes there.
       if (s.decode_worker.has_value()) ++out[s.decode_worker->id].sequences;
+      if (s.decode_worker.has_value() && !s.colocated &&
+          in_flight[s.attempt_id]) {
+        ++out[s.decode_worker->id].grants_in_flight;
+      }
     }
     std::erase_if(out,
                   [](const auto& kv) { return kv.second == RequestLoad{}; });
@@ -297,7 +224,7 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       const WorkerRef w = pick_worker(uniform(2) == 0);
       const absl::Status lost = absl::UnavailableError("x");
       for (const absl::Status& s :
-           {sm.ReserveDecode(old, w, 1).status(),
+           {sm.ReserveDecode(old, w, 1).status(), sm.OnReserved(old),
             sm.OnReserveRefused(old, w, lost).status(),
             sm.StartPrefill(old, w).status(), sm.OnFirstToken(old).status(),
             sm.OnHandoff(old).status(), sm.OnFinished(old).status(),
@@ -327,15 +254,31 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       const int event = uniform(100) < 60
                             ? normal[static_cast<int>(snap->state)]
                             : uniform(13);
+      if (uniform(5) == 0) {
+        // The worker answered the reservation: in any live state that holds
+        // one (the reply may come after the first token).
+        const absl::Status answered = sm.OnReserved(attempt);
+        ASSERT_EQ(answered.ok(), snap->decode_worker.has_value() &&
+                                     !snap->colocated &&
+                                     !IsTerminal(snap->state))
+            << answered;
+        if (answered.ok()) {
+          in_flight[attempt] = false;
+          ++n["reservation answered"];
+        }
+      }
       switch (event) {
         case 0:
         case 1: {
           w = pick_worker(/*decode=*/true);
           const int64_t b = uniform(20);
-          t = sm.ReserveDecode(attempt, w, b);
+          // Sent to wait for room, or granted within the room known.
+          const bool waits = event == 1;
+          t = sm.ReserveDecode(attempt, w, b, waits);
           if (t.ok()) {
             pools.Hold(w, attempt);
             blocks[attempt] = b;
+            in_flight[attempt] = !waits;
           }
           break;
         }
@@ -467,6 +410,7 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
   EXPECT_GT(n["transfer timeouts"], 40);
   EXPECT_GT(n["stale rejected"], 20);
   EXPECT_GT(n["split without reservation"], 5);  // only after a drop
+  EXPECT_GT(n["reservation answered"], 100);
 
   // Cancel everything still live: nothing may remain on any worker.
   for (const std::string& id : ids) {

@@ -51,6 +51,8 @@ class RequestStateMachineAttemptsTest : public ::testing::Test {
              const std::optional<WorkerRef>& decode, int64_t blocks = 8) {
     ASSERT_TRUE(!decode.has_value() ||
                 sm_->ReserveDecode(attempt, *decode, blocks).ok());
+    // The worker answered: no grant is left in flight.
+    ASSERT_TRUE(!decode.has_value() || sm_->OnReserved(attempt).ok());
     if (target == State::kQueued) return;
     ASSERT_TRUE(sm_->StartPrefill(attempt, prefill, decode.has_value()).ok());
     if (target == State::kPrefilling) return;

@@ -22,18 +22,23 @@ TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
   ASSERT_TRUE(sm_->Admit("r1", RequestSpec{100, 50}).ok());
   ASSERT_TRUE(sm_->Admit("r2", RequestSpec{30, 10}).ok());
   ASSERT_TRUE(sm_->Admit("r3", RequestSpec{7, 10}).ok());
-  // A reservation: its blocks and one sequence on the decode worker.
+  // A reservation: its blocks and one sequence on the decode worker, and a
+  // grant in flight until the worker answers.
   ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 8).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8, 1}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 8, 1, 1}}}));
   ASSERT_TRUE(
       sm_->OnReserveRefused("r1", kD, absl::ResourceExhaustedError("x")).ok());
   EXPECT_THAT(sm_->Loads(), IsEmpty());
   ASSERT_TRUE(sm_->ReserveDecode("r1", kD2, 8).ok());
   ASSERT_TRUE(sm_->StartPrefill("r1", kP, true).ok());
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8, 1}}, {"p", {100, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 8, 1, 1}}, {"p", {100, 0}}}));
   ASSERT_NO_FATAL_FAILURE(Drive("r2", State::kPrefilling, kP, kD2, 3));
-  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {130, 0}}}));
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2, 1}}, {"p", {130, 0}}}));
   ASSERT_TRUE(sm_->OnFirstToken("r1").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2, 1}}, {"p", {30, 0}}}));
+  // A reservation made beside the Prefill may be answered after the first
+  // token.
+  ASSERT_TRUE(sm_->OnReserved("r1").ok());
   EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {30, 0}}}));
   ASSERT_TRUE(sm_->OnHandoff("r1").ok());
   EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 11, 2}}, {"p", {30, 0}}}));
@@ -55,10 +60,50 @@ TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
   ASSERT_TRUE(sm_->Admit("r4", RequestSpec{20, 10}).ok());
   ASSERT_NO_FATAL_FAILURE(Drive("r4", State::kPrefilling, kP2, kD2, 6));
   EXPECT_EQ(sm_->Loads(),
-            (Loads{{"d", {0, 5, 1}}, {"d2", {0, 6, 1}}, {"p2", {20, 0}}}));
+            (Loads{{"d", {0, 5, 1, 1}}, {"d2", {0, 6, 1}}, {"p2", {20, 0}}}));
   ASSERT_TRUE(sm_->Cancel("r2", "x").ok());
   EXPECT_EQ(sm_->Loads(), (Loads{{"d2", {0, 6, 1}}, {"p2", {20, 0}}}));
   ASSERT_TRUE(sm_->OnDeadline("r4").ok());
+  ExpectClean();
+}
+
+// A grant (a reservation made within the room known) is in flight until the
+// worker answers it or the reservation ends; one sent to wait never is.
+TEST_F(RequestStateMachineAttemptsTest, AGrantIsInFlightUntilItIsAnswered) {
+  for (const char* id : {"r1", "r2", "r3", "r4"}) {
+    ASSERT_TRUE(sm_->Admit(id, RequestSpec{40, 8}).ok());
+  }
+  ASSERT_TRUE(sm_->ReserveDecode("r1", kD, 3).ok());
+  ASSERT_TRUE(sm_->ReserveDecode("r2", kD, 4, /*waits=*/true).ok());
+  ASSERT_TRUE(sm_->ReserveDecode("r3", kD2, 2).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 7, 2, 1}}, {"d2", {0, 2, 1, 1}}}));
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+  // Answered: once counts, again changes nothing; the waiting one had
+  // nothing in flight.
+  ASSERT_TRUE(sm_->OnReserved("r1").ok());
+  ASSERT_TRUE(sm_->OnReserved("r1").ok());
+  ASSERT_TRUE(sm_->OnReserved("r2").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 7, 2}}, {"d2", {0, 2, 1, 1}}}));
+  // Refused: the grant ends with the reservation.
+  ASSERT_TRUE(
+      sm_->OnReserveRefused("r3", kD2, absl::ResourceExhaustedError("x")).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 7, 2}}}));
+  // Nothing to answer: no reservation, colocated, unknown, over.
+  EXPECT_EQ(sm_->OnReserved("r3").code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sm_->StartPrefill("r4", kB).ok());
+  EXPECT_EQ(sm_->OnReserved("r4").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sm_->OnReserved("nobody").code(), absl::StatusCode::kNotFound);
+  // A grant still in flight when its attempt ends goes with it.
+  ASSERT_TRUE(sm_->ReserveDecode("r3", kD, 2).ok());
+  ASSERT_TRUE(
+      sm_->OnAttemptFailed("r3", RpcFailed(WorkerRpc::kReserveKv)).ok());
+  EXPECT_EQ(sm_->OnReserved("r3").code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (const char* id : {"r1", "r2", "r4"}) {
+    ASSERT_TRUE(sm_->Cancel(id, "x").ok());
+  }
   ExpectClean();
 }
 

@@ -306,9 +306,19 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
   if (!picked.ok()) return picked.status();
   for (const WorkerInfo& w : all) {
     if (w.ref == *picked) {
+      if (const int64_t in_flight =
+              wait ? requests_.LoadOn(w.ref.id).grants_in_flight : 0;
+          in_flight > 0) {
+        absl::Status held = absl::UnavailableError(
+            absl::StrCat(in_flight, " KV reservations granted earlier on ",
+                         w.ref.id, " are not answered yet"));
+        held.SetPayload(kGrantsInFlightPayload, absl::Cord());
+        return held;
+      }
       absl::StatusOr<Transition> reserved = requests_.ReserveDecode(
           attempt_id, w.ref,
-          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size));
+          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size),
+          wait);
       if (!reserved.ok()) return reserved.status();
       return w;
     }

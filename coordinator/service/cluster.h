@@ -41,6 +41,11 @@
 
 namespace baton::coordinator {
 
+// On ClaimDecode's refusal to send a request to wait while grants are in
+// flight.
+inline constexpr absl::string_view kGrantsInFlightPayload =
+    "baton.grants_in_flight";
+
 // Payload type URL on the abort status of calls ended by Shutdown().
 inline constexpr absl::string_view kShutdownPayload =
     "type.baton.dev/baton.CoordinatorShutdown";
@@ -179,7 +184,12 @@ class Cluster {
   // Picks a decode worker and reserves the request's blocks on it in the
   // state machine (ReserveDecode), atomically with respect to other picks.
   // With `wait`, the one to wait at for room (PickDecodeQueue) instead of
-  // one with room (the policy's PickDecode).
+  // one with room (the policy's PickDecode), unless a reservation granted
+  // there within the room known here has not been answered yet
+  // (RequestLoad::grants_in_flight): then UNAVAILABLE with
+  // kGrantsInFlightPayload, reserving nothing (claim again shortly), so a
+  // request sent to wait never reaches a worker before an earlier grant and
+  // takes its room.
   absl::StatusOr<WorkerInfo> ClaimDecode(const RequestInfo& request,
                                          const std::string& attempt_id,
                                          bool wait = false);

@@ -22,6 +22,14 @@ RequestInfo RoutingInfo(const GenerateJob& job, const std::string& model_id) {
   return info;
 }
 
+namespace {
+
+// How often a request held back by reservations still on their way
+// (kGrantsInFlightPayload) looks again.
+constexpr absl::Duration kGrantPoll = absl::Milliseconds(1);
+
+}  // namespace
+
 async::Task<absl::Status> GenerateCall::Route() {
   const std::string& model_id = cluster_->model().id();
   RequestInfo info = RoutingInfo(job_, model_id);
@@ -92,6 +100,12 @@ async::Task<absl::Status> GenerateCall::Route() {
       info.excluded = failed_decode;
       decode = cluster_->ClaimDecode(info, attempt_, /*wait=*/true);
       if (!decode.ok()) {
+        if (decode.status().GetPayload(kGrantsInFlightPayload).has_value()) {
+          // Answered within a round trip, mostly: look again soon, ahead
+          // of the requests that come later (an abort is seen at the top).
+          static_cast<void>(co_await Backoff(kGrantPoll));
+          continue;
+        }
         if (!co_await Backoff(backoff)) continue;
         backoff = std::min(backoff * 2, absl::Milliseconds(100));
         continue;
@@ -153,6 +167,8 @@ async::Task<absl::Status> GenerateCall::Route() {
     }
     if (rpc.ok()) {
       decode_ = target;
+      // (An attempt over meanwhile holds nothing to mark.)
+      static_cast<void>(cluster_->requests().OnReserved(attempt_));
       if (!streamed_) reserve_kv_ms_ = MsBetween(sent, replied);
       absl::Status claimed =
           co_await ClaimPrefill(WorkerRole::kPrefill, info, queue_deadline);
@@ -245,6 +261,7 @@ async::Detach GenerateCall::ReserveBesidePrefill(
         &replied);
     if (rpc.ok()) {
       overlap->reserve_ms = MsBetween(sent, replied);
+      static_cast<void>(cluster_->requests().OnReserved(attempt));
     } else {
       status = WorkerError(decode, WorkerRpc::kReserveKvBesidePrefill, rpc);
     }

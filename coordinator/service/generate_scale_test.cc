@@ -4,7 +4,8 @@
 // (scale_fixture.h) and a client of callback reactors keep 5,000 requests
 // in flight inside one process; the test counts the process's threads then,
 // and every request still ends with its result. The same fakes show which
-// requests reserve beside their Prefill.
+// requests reserve beside their Prefill, and that one sent to wait for room
+// does not overtake an earlier grant.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "baton/v1/api.grpc.pb.h"
@@ -54,9 +56,11 @@ struct FakeCluster {
   FakeWorker decode_service;
   std::vector<RunningServer> workers;
 
-  // `decode_kv_device`: the decode worker's KV is on that device.
+  // `decode_kv_device`: the decode worker's KV is on that device, of
+  // `decode_kv_blocks` blocks.
   static std::unique_ptr<FakeCluster> Start(
-      const ClusterOptions& options, const std::string& decode_kv_device = "") {
+      const ClusterOptions& options, const std::string& decode_kv_device = "",
+      int64_t decode_kv_blocks = int64_t{1} << 24) {
     auto model = ServedModel::Load(testing::DefaultModelPath());
     EXPECT_TRUE(model.ok()) << model.status();
     if (!model.ok()) return nullptr;
@@ -88,7 +92,8 @@ struct FakeCluster {
       if (!running.ok()) return nullptr;
       const absl::Status registered = RegisterFakeWorker(
           *control, running->address, role, out->cluster->model().id(),
-          role == v1::WORKER_ROLE_DECODE ? decode_kv_device : "");
+          role == v1::WORKER_ROLE_DECODE ? decode_kv_device : "",
+          role == v1::WORKER_ROLE_DECODE ? decode_kv_blocks : int64_t{1} << 24);
       EXPECT_TRUE(registered.ok()) << registered;
       if (!registered.ok()) return nullptr;
       out->workers.push_back(std::move(*running));
@@ -195,6 +200,39 @@ TEST(GenerateRouteTest, ThePrefillCarriesTheRequestsArrival) {
   ASSERT_EQ(arrivals.size(), 1u);
   EXPECT_GE(arrivals[0], before);
   EXPECT_LE(arrivals[0], after);
+}
+
+// A request that finds no room is sent to wait in the decode worker's line
+// only once every reservation granted before it has been answered: the
+// worker serves whichever reaches it first, and a grant still on its way
+// (its coordinator thread descheduled, its call slow) would otherwise find
+// its room taken by the request sent after it.
+TEST(GenerateRouteTest, ARequestSentToWaitDoesNotOvertakeAnEarlierGrant) {
+  // Room for one request: the second finds none.
+  auto fake = FakeCluster::Start(ScaleOptions(2), "", /*decode_kv_blocks=*/1);
+  ASSERT_NE(fake, nullptr);
+  FakeWorker& decode = fake->decode_service;
+  decode.HoldGrants();
+  absl::Cleanup answer = [&] { decode.AnswerHeld(); };
+  ClientStream first(fake->baton.get());
+  ASSERT_TRUE(
+      Eventually([&] { return decode.reserve_queue_ms().size() == 1; }));
+  ClientStream second(fake->baton.get());
+  // Long enough for the second to be sent many times over (the coordinator
+  // looks again every millisecond); it must not be while the first's
+  // reservation is unanswered.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(decode.reserve_queue_ms().size(), 1u);
+  decode.AnswerHeld();
+  ASSERT_TRUE(Eventually([&] { return decode.held() == 2; }));
+  const std::vector<double> queue_ms = decode.reserve_queue_ms();
+  ASSERT_EQ(queue_ms.size(), 2u);
+  EXPECT_EQ(queue_ms[0], 0);  // granted
+  EXPECT_GT(queue_ms[1], 0);  // sent to wait
+  decode.ReleaseAll();
+  ASSERT_TRUE(Eventually([&] { return first.done() && second.done(); }));
+  EXPECT_EQ(first.Outcome(), "FINISH_REASON_LENGTH");
+  EXPECT_EQ(second.Outcome(), "FINISH_REASON_LENGTH");
 }
 
 }  // namespace

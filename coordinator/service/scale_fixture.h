@@ -75,8 +75,34 @@ class FakeWorker final : public v1::Worker::CallbackService {
       v1::ReserveKvResponse* response) override {
     response->set_transfer_id(request->request_id());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
+    absl::MutexLock lock(&mu_);
+    reserve_queue_ms_.push_back(request->queue_ms());
+    if (hold_grants_ && request->queue_ms() <= 0) {
+      held_reserves_.push_back(reactor);
+    } else {
+      reactor->Finish(grpc::Status::OK);
+    }
     return reactor;
+  }
+  // From now on, ReserveKv calls that do not wait for room (queue_ms 0) are
+  // answered only by AnswerHeld.
+  void HoldGrants() {
+    absl::MutexLock lock(&mu_);
+    hold_grants_ = true;
+  }
+  // Answers the held ReserveKv calls and stops holding them.
+  void AnswerHeld() {
+    absl::MutexLock lock(&mu_);
+    hold_grants_ = false;
+    for (grpc::ServerUnaryReactor* r : held_reserves_) {
+      r->Finish(grpc::Status::OK);
+    }
+    held_reserves_.clear();
+  }
+  // Each ReserveKv's queue_ms, in the order they came.
+  std::vector<double> reserve_queue_ms() {
+    absl::MutexLock lock(&mu_);
+    return reserve_queue_ms_;
   }
   // The coordinator's default sends the reservation's target after the
   // Prefill; the fake's Prefill does not wait for it.
@@ -156,6 +182,9 @@ class FakeWorker final : public v1::Worker::CallbackService {
   int prefills_with_target_ ABSL_GUARDED_BY(mu_) = 0;
   int prefills_followed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> arrivals_ ABSL_GUARDED_BY(mu_);
+  bool hold_grants_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ServerUnaryReactor*> held_reserves_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> reserve_queue_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 // One client stream: counts what arrives, records how it ended.
@@ -260,12 +289,13 @@ inline ClusterOptions ScaleOptions(int streams) {
 }
 
 // Registers a fake worker of `role` at `address` with `control`; a
-// `kv_device` says its KV pool is on that device.
+// `kv_device` says its KV pool is on that device, of `kv_blocks` blocks.
 inline absl::Status RegisterFakeWorker(v1::Coordinator::Stub& control,
                                        const std::string& address,
                                        v1::WorkerRole role,
                                        const std::string& model_id,
-                                       const std::string& kv_device = "") {
+                                       const std::string& kv_device = "",
+                                       int64_t kv_blocks = int64_t{1} << 24) {
   v1::RegisterWorkerRequest request;
   request.set_role(role);
   request.set_address(address);
@@ -276,7 +306,7 @@ inline absl::Status RegisterFakeWorker(v1::Coordinator::Stub& control,
   layout->set_head_dim(64);
   layout->set_block_size(16);
   layout->set_dtype(v1::KV_DTYPE_F16);
-  request.set_kv_blocks_total(int64_t{1} << 24);
+  request.set_kv_blocks_total(kv_blocks);
   if (!kv_device.empty()) {
     request.add_kv_transports(v1::KV_TRANSPORT_CUDA_IPC);
     request.set_kv_device(kv_device);
