@@ -123,6 +123,7 @@ async::Task<absl::Status> GenerateCall::Route() {
     request.mutable_prompt_token_ids()->Add(job_.prompt.begin(),
                                             job_.prompt.end());
     request.set_max_tokens(job_.sampling.max_tokens());
+    request.set_arrival_unix_micros(absl::ToUnixMicros(job_.arrival));
     request.add_transports(v1::KV_TRANSPORT_HOST_TCP);
     const absl::Duration queue_wait =
         wait ? std::max(queue_deadline - clock.Now(), absl::ZeroDuration())

@@ -185,8 +185,9 @@ TEST(GenerateRouteTest, TheReservationGoesBesideThePrefillForAHostKvPool) {
   }
 }
 
-// The Prefill carries when the request reached the coordinator, on the
-// clock workers compare (they admit prompts in that order).
+// The Prefill and the reservation carry when the request reached the
+// coordinator, on the clock workers compare (they admit prompts, and serve
+// reservations waiting for room, in that order).
 TEST(GenerateRouteTest, ThePrefillCarriesTheRequestsArrival) {
   auto fake = FakeCluster::Start(ScaleOptions(1));
   ASSERT_NE(fake, nullptr);
@@ -200,6 +201,7 @@ TEST(GenerateRouteTest, ThePrefillCarriesTheRequestsArrival) {
   ASSERT_EQ(arrivals.size(), 1u);
   EXPECT_GE(arrivals[0], before);
   EXPECT_LE(arrivals[0], after);
+  EXPECT_EQ(fake->decode_service.reserve_arrivals(), arrivals);
 }
 
 // A request that finds no room is sent to wait in the decode worker's line

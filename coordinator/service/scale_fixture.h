@@ -77,6 +77,7 @@ class FakeWorker final : public v1::Worker::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     absl::MutexLock lock(&mu_);
     reserve_queue_ms_.push_back(request->queue_ms());
+    reserve_arrivals_.push_back(request->arrival_unix_micros());
     if (hold_grants_ && request->queue_ms() <= 0) {
       held_reserves_.push_back(reactor);
     } else {
@@ -103,6 +104,11 @@ class FakeWorker final : public v1::Worker::CallbackService {
   std::vector<double> reserve_queue_ms() {
     absl::MutexLock lock(&mu_);
     return reserve_queue_ms_;
+  }
+  // Each ReserveKv's arrival_unix_micros, in the order they came.
+  std::vector<int64_t> reserve_arrivals() {
+    absl::MutexLock lock(&mu_);
+    return reserve_arrivals_;
   }
   // The coordinator's default sends the reservation's target after the
   // Prefill; the fake's Prefill does not wait for it.
@@ -185,6 +191,7 @@ class FakeWorker final : public v1::Worker::CallbackService {
   bool hold_grants_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ServerUnaryReactor*> held_reserves_ ABSL_GUARDED_BY(mu_);
   std::vector<double> reserve_queue_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> reserve_arrivals_ ABSL_GUARDED_BY(mu_);
 };
 
 // One client stream: counts what arrives, records how it ended.

@@ -1,5 +1,7 @@
 #include "worker/service/reservation_queue.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,7 +48,10 @@ absl::Status ReservationQueue::Add(Entry entry) {
                      line_.size(), " reservations wait here already (limit ",
                      capacity_, ", --max_queued_reservations)"));
   }
-  line_.push_back(std::make_shared<Entry>(std::move(entry)));
+  auto it = line_.end();
+  while (it != line_.begin() && (*std::prev(it))->arrival_us > entry.arrival_us)
+    --it;
+  line_.insert(it, std::make_shared<Entry>(std::move(entry)));
   return absl::OkStatus();
 }
 
@@ -76,8 +81,9 @@ bool ReservationQueue::ServeHead() {
     }
   }
   {
+    // An entry that came since may stand ahead of it now.
     absl::MutexLock lock(&mu_);
-    line_.pop_front();
+    line_.erase(std::find(line_.begin(), line_.end(), head));
   }
   head->finish(std::move(status));
   return true;

@@ -1,12 +1,16 @@
-// KV reservations that found no room on this worker, waiting for it in
-// arrival order (ReserveKvRequest.queue_ms).
+// KV reservations that found no room on this worker, waiting for it in the
+// order their requests reached the cluster (ReserveKvRequest.queue_ms and
+// arrival_unix_micros).
 //
 // Every coordinator replica routes with its own bookkeeping: a replica sees
 // the room its own finished request frees at once, another one only at the
 // next heartbeat. Refusing a reservation that finds no room would let the
 // first replica's next request take that room every time, and starve the
 // other replica's (each retrying on its own schedule). Waiting here instead,
-// in one line per worker, serves them in the order they came.
+// in one line per worker, serves them in the order they came: by each
+// request's arrival at its coordinator, since a call can reach the worker
+// milliseconds after later ones (its coordinator thread descheduled), calls
+// with equal keys in the order they reached the worker.
 //
 // One thread retries the head of the line every `poll` while the line is
 // not empty (blocks free on many paths: a decode ending, a cancel, a
@@ -18,6 +22,7 @@
 #define BATON_WORKER_SERVICE_RESERVATION_QUEUE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -43,6 +48,9 @@ class ReservationQueue {
     // True once the caller has gone (its RPC was cancelled).
     std::function<bool()> cancelled;
     absl::Time until;  // waits no longer than this
+    // The line's order: behind entries with a key no later, ahead of those
+    // with a later one (FcfsArrival of the request's stamp).
+    int64_t arrival_us = 0;
   };
 
   // At most `capacity` entries wait (Add refuses more).
@@ -53,8 +61,8 @@ class ReservationQueue {
   ReservationQueue(const ReservationQueue&) = delete;
   ReservationQueue& operator=(const ReservationQueue&) = delete;
 
-  // Appends `entry`; RESOURCE_EXHAUSTED (and `entry` is not finished) when
-  // `capacity` entries wait already.
+  // Puts `entry` in line by its arrival_us; RESOURCE_EXHAUSTED (and `entry`
+  // is not finished) when `capacity` entries wait already.
   absl::Status Add(Entry entry);
   size_t size() const;
 

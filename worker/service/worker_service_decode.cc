@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fault/fault_points.h"
 #include "common/tsan/annotations.h"
+#include "worker/engine/scheduler.h"
 #include "worker/service/proto_convert.h"
 #include "worker/service/worker_service.h"
 #include "worker/service/worker_service_internal.h"
@@ -131,6 +132,7 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
   };
   entry.cancelled = [context] { return context->IsCancelled(); };
   entry.until = absl::Now() + absl::Milliseconds(request->queue_ms());
+  entry.arrival_us = FcfsArrivalNow(request->arrival_unix_micros());
   if (absl::Status added = reserve_queue_->Add(std::move(entry)); !added.ok()) {
     reactor->FinishHere(added);
   }

@@ -1,5 +1,6 @@
 // ReserveKv calls that find no KV room wait on the worker for it
-// (ReserveKvRequest.queue_ms) and are served in arrival order: a later call
+// (ReserveKvRequest.queue_ms) and are served in the order their requests
+// reached the cluster (arrival_unix_micros; unstamped: here): a later call
 // never takes room an earlier one waits for, one without queue_ms is refused
 // while others wait, and a waiting call leaves the line when its queue_ms
 // runs out, when its caller goes, or when the line is full.
@@ -10,7 +11,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/service/worker_service_test_fixture.h"
@@ -129,6 +133,43 @@ TEST_F(WorkerServiceTest, ReservationsWaitForRoomInArrivalOrder) {
   EXPECT_TRUE(d_status.ok()) << d_status.error_message();
   EXPECT_EQ(w.Load().queued_reservations(), 0);
   CancelOn(w, "d");
+  const v1::WorkerLoad load = w.WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+}
+
+// The line is in the order the requests reached the cluster
+// (ReserveKvRequest.arrival_unix_micros), not the order their calls reached
+// the worker: a call that comes after another but whose request arrived
+// first is served first. An unstamped call is keyed by its arrival here.
+TEST_F(WorkerServiceTest,
+       WaitingReservationsAreServedInTheOrderRequestsArrived) {
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(decode, nullptr);
+  TestWorker& w = *decode;
+  ASSERT_TRUE(Reserve(w, Big("a", 0)).ok());
+  const int64_t now = absl::ToUnixMicros(absl::Now());
+  v1::ReserveKvRequest second = Big("second", 60000);
+  second.set_arrival_unix_micros(now - 1'000'000);
+  v1::ReserveKvRequest first = Big("first", 60000);
+  first.set_arrival_unix_micros(now - 2'000'000);
+  PendingReserve unstamped_call(w, Big("unstamped", 60000));
+  ASSERT_TRUE(Within10s([&] { return w.Load().queued_reservations() == 1; }));
+  PendingReserve second_call(w, second);
+  ASSERT_TRUE(Within10s([&] { return w.Load().queued_reservations() == 2; }));
+  PendingReserve first_call(w, first);
+  ASSERT_TRUE(Within10s([&] { return w.Load().queued_reservations() == 3; }));
+  // One at a time as room frees: first, second, then the unstamped one
+  // (keyed by its arrival here, after both stamps).
+  const std::pair<const char*, PendingReserve*> order[] = {
+      {"a", &first_call}, {"first", &second_call}, {"second", &unstamped_call}};
+  for (const auto& [holder, next] : order) {
+    SCOPED_TRACE(holder);
+    CancelOn(w, holder);
+    const grpc::Status status = next->Join();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(w.Load().queued_reservations(), 0);
+  CancelOn(w, "unstamped");
   const v1::WorkerLoad load = w.WaitAllFree();
   EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
 }
