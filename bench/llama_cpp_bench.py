@@ -13,6 +13,7 @@ import json
 import time
 
 import llama_cpp as L
+import llama_cpp_host
 
 _quiet = None
 
@@ -25,7 +26,10 @@ def main():
     ap.add_argument("--prompt_lens", default="128,1024")
     ap.add_argument("--decode_tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--extra_bufts", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's extra CPU buffer types (bench/llama_cpp_host.py)")
     args = ap.parse_args()
+    extra_bufts = llama_cpp_host.configure(args.extra_bufts)
     batches = [int(b) for b in args.batches.split(",")]
     prompt_lens = [int(n) for n in args.prompt_lens.split(",")]
 
@@ -64,7 +68,7 @@ def main():
     def token(i):
         return 100 + (i * 7919) % (min(n_vocab, 40000) - 200)
 
-    result = {"decode": {}, "prefill": {}}
+    result = {"decode": {}, "prefill": {}, "extra_bufts": extra_bufts}
     for n in prompt_lens:
         best = 1e30
         for _ in range(args.reps):

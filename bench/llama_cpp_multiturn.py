@@ -25,6 +25,7 @@ import statistics
 import time
 
 import llama_cpp
+import llama_cpp_host
 
 
 def percentile(values, p):
@@ -50,7 +51,10 @@ def main():
     ap.add_argument("--output_len", type=int, default=64)
     ap.add_argument("--vocab", default="1000:40000")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extra_bufts", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's extra CPU buffer types (bench/llama_cpp_host.py)")
     args = ap.parse_args()
+    extra_bufts = llama_cpp_host.configure(args.extra_bufts)
 
     begin, end = (int(x) for x in args.vocab.split(":"))
     rng = random.Random(args.seed)
@@ -91,6 +95,7 @@ def main():
     wall = time.perf_counter() - start
     print(json.dumps({
         "cache": args.cache, "cache_size": args.cache_size,
+        "extra_bufts": extra_bufts,
         "threads": args.threads, "duration_s": wall,
         "output_tokens_per_s": out_tokens / wall,
         "first_turns": {"turns": len(first), "ttft_ms_p50": statistics.median(first),

