@@ -341,7 +341,8 @@ absl::Status RequestStateMachine::OnReserved(absl::string_view attempt_id) {
 }
 
 absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
-    absl::string_view attempt_id, const WorkerRef& prefill_worker, bool split) {
+    absl::string_view attempt_id, const WorkerRef& prefill_worker, bool split,
+    int64_t blocks) {
   absl::MutexLock lock(&mu_);
   std::string request_id;
   absl::StatusOr<Record*> found = FindInStateLocked(
@@ -372,11 +373,14 @@ absl::StatusOr<Transition> RequestStateMachine::StartPrefill(
   rec.prefill = prefill_worker;
   rec.prefill_tokens = rec.spec.prompt_tokens;
   const bool colocated = !rec.decode.has_value();
+  if (!colocated) blocks = 0;
   AddLoadLocked(prefill_worker.id, {.prefill_tokens = rec.prefill_tokens,
+                                    .decode_blocks = blocks,
                                     .sequences = colocated ? 1 : 0});
   if (colocated) {
     rec.colocated = true;
     rec.decode = prefill_worker;
+    rec.decode_blocks = blocks;
     rec.counts_sequence = true;
   }
   rec.state = RequestState::kPrefilling;

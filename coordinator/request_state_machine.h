@@ -249,10 +249,14 @@ class RequestStateMachine {
   // worker); without one, colocated: `prefill_worker` decodes too. With
   // `split`, a reservation is required: if it was lost meanwhile (its
   // worker went DOWN), UNAVAILABLE with kWorkerDownPayload, changing
-  // nothing (end the attempt with it: OnAttemptFailed).
+  // nothing (end the attempt with it: OnAttemptFailed). A colocated
+  // attempt on a worker whose KV room the coordinator accounts for (a
+  // decode worker prefilling locally) counts `blocks` there as a
+  // reservation would, until the attempt ends.
   absl::StatusOr<Transition> StartPrefill(absl::string_view attempt_id,
                                           const WorkerRef& prefill_worker,
-                                          bool split = false);
+                                          bool split = false,
+                                          int64_t blocks = 0);
   // PREFILLING -> TRANSFERRING (split) or -> DECODING (colocated): the first
   // token was sampled.
   absl::StatusOr<Transition> OnFirstToken(absl::string_view attempt_id);

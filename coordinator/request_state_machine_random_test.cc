@@ -96,7 +96,7 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
       if (s.state == State::kPrefilling) {
         out[s.prefill_worker->id].prefill_tokens += prompt[id];
       }
-      if (s.decode_worker.has_value() && !s.colocated) {
+      if (s.decode_worker.has_value()) {
         out[s.decode_worker->id].decode_blocks += blocks[s.attempt_id];
       }
       // Every request that has a decode worker decodes there.
@@ -306,8 +306,12 @@ TEST(RequestStateMachineRandomTest, LeaseInvariantHoldsOnEveryStep) {
         case 5: {
           w = pick_worker(/*decode=*/false);
           const bool split = snap->decode_worker.has_value() || uniform(8) == 0;
-          t = sm.StartPrefill(attempt, w, split);
+          // A colocated attempt may count KV blocks (a decode worker that
+          // prefills locally); a split one ignores them.
+          const int64_t b = uniform(20);
+          t = sm.StartPrefill(attempt, w, split, b);
           if (t.ok()) pools.Hold(w, attempt);
+          if (t.ok() && !snap->decode_worker.has_value()) blocks[attempt] = b;
           if (absl::IsUnavailable(t.status())) {
             // The reservation was lost: end the attempt with the error.
             ASSERT_FALSE(snap->decode_worker.has_value());

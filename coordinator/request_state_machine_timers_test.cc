@@ -55,6 +55,15 @@ TEST_F(RequestStateMachineAttemptsTest, LoadsFollowEveryEdge) {
   EXPECT_EQ(sm_->Loads(), (Loads{{"b", {0, 0, 1}}}));
   ASSERT_TRUE(sm_->OnFinished("r3").ok());
   EXPECT_THAT(sm_->Loads(), IsEmpty());
+  // Colocated on a decode worker (a local prefill): its blocks count there
+  // too, until the end; a split attempt ignores the count.
+  ASSERT_TRUE(sm_->Admit("r5", RequestSpec{50, 10}).ok());
+  ASSERT_TRUE(sm_->StartPrefill("r5", kD, /*split=*/false, 4).ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {50, 4, 1}}}));
+  ASSERT_TRUE(sm_->OnFirstToken("r5").ok());
+  EXPECT_EQ(sm_->Loads(), (Loads{{"d", {0, 4, 1}}}));
+  ASSERT_TRUE(sm_->OnFinished("r5").ok());
+  EXPECT_THAT(sm_->Loads(), IsEmpty());
   // Cancel and deadline drop it too.
   ASSERT_TRUE(sm_->ReserveDecode("r2/retry1", kD, 5).ok());
   ASSERT_TRUE(sm_->Admit("r4", RequestSpec{20, 10}).ok());

@@ -197,6 +197,14 @@ absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
   return best->ref;
 }
 
+bool PrefillLocally(const RequestInfo& request, const WorkerId& decode_worker,
+                    int64_t max_uncached) {
+  if (max_uncached <= 0) return false;
+  const auto found = request.cached_tokens.find(decode_worker);
+  return found != request.cached_tokens.end() && found->second > 0 &&
+         request.prompt_tokens - found->second <= max_uncached;
+}
+
 WorkerRole PrefillRole(const Candidates& candidates,
                        absl::string_view model_id) {
   const bool split = std::any_of(

@@ -84,6 +84,14 @@ std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy();
 absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
                                           const RequestInfo& request);
 
+// Split serving's shortcut, once the policy picked `decode_worker` for the
+// request: whether that worker's prefix cache holds part of the prompt
+// (request.cached_tokens) and all but at most `max_uncached` of its tokens,
+// so it is served colocated there, the worker prefilling the rest itself
+// (ClusterOptions::local_prefill_tokens; 0: never).
+bool PrefillLocally(const RequestInfo& request, const WorkerId& decode_worker,
+                    int64_t max_uncached);
+
 // Which workers prefill a request for `model_id`: prefill-role ones when a
 // healthy or suspect one serves the model (split serving: the KV then goes
 // to a decode worker), else `both` workers (colocated serving). A prefill

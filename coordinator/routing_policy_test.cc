@@ -208,5 +208,20 @@ TEST(RoundRobinPolicyTest, CyclesInIdOrderPerPhase) {
             absl::StatusCode::kUnavailable);
 }
 
+TEST(PrefillLocallyTest, WhenThePickedDecodeWorkerHoldsAllButAFewTokens) {
+  RequestInfo request = Request(300, 20);
+  request.cached_tokens = {{"d1", 160}, {"d2", 288}};
+  EXPECT_TRUE(PrefillLocally(request, "d2", 12));
+  EXPECT_TRUE(PrefillLocally(request, "d2", 256));
+  EXPECT_FALSE(PrefillLocally(request, "d2", 11));  // 12 tokens to compute
+  EXPECT_FALSE(PrefillLocally(request, "d1", 139));
+  EXPECT_TRUE(PrefillLocally(request, "d1", 140));
+  // Holding nothing, or turned off: never, however short the prompt.
+  EXPECT_FALSE(PrefillLocally(request, "d3", 1000));
+  EXPECT_FALSE(PrefillLocally(request, "d2", 0));
+  request.cached_tokens["d3"] = 0;
+  EXPECT_FALSE(PrefillLocally(request, "d3", 1000));
+}
+
 }  // namespace
 }  // namespace baton::coordinator

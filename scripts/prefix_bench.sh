@@ -16,12 +16,15 @@
 #     --caches=LIST        cache settings to run, in order (default on,off)
 #     --out=DIR            result JSON files (default a new temp dir)
 #     --bin=DIR            the binaries (default build/bin; built if absent)
+#     --coordinator_flag=F pass F to the coordinator (repeatable), e.g.
+#                          --coordinator_flag=--local_prefill_tokens=0
 # Prints the host (CPU model, ISA path) and one line per run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHAPES=2C,1P1D CONVERSATIONS=32 TURNS=8 SYSTEM_LEN=512 USER_LEN=64
 OUTPUT_LEN=64 CONCURRENCY=8 KV_MIB=1024 THREADS=1 OUT="" BIN="$ROOT/build/bin"
 CACHES=on,off
+COORDINATOR_FLAGS=()
 for arg in "$@"; do
   case "$arg" in
     --shapes=*) SHAPES="${arg#*=}" ;;
@@ -36,6 +39,7 @@ for arg in "$@"; do
     --caches=*) CACHES="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
+    --coordinator_flag=*) COORDINATOR_FLAGS+=("--coordinator_flag=${arg#*=}") ;;
     *) echo "prefix_bench: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +62,8 @@ for shape in "${shapes[@]}"; do
   for cache in "${caches[@]}"; do
     file="$OUT/$shape-cache-$cache.json"
     bash "$ROOT/scripts/local_cluster.sh" "$shape" --no-build --bin="$BIN" \
-      --kv_cache_mib="$KV_MIB" --threads="$THREADS" --worker_flag=--prefix_cache="$cache" -- \
+      --kv_cache_mib="$KV_MIB" --threads="$THREADS" --worker_flag=--prefix_cache="$cache" \
+      ${COORDINATOR_FLAGS[@]+"${COORDINATOR_FLAGS[@]}"} -- \
       bash -c 'exec "$0" --server="$BATON_SERVER" "$@"' \
       "$BIN/baton-bench" --dataset-name=multiturn \
       --multiturn-conversations="$CONVERSATIONS" --multiturn-turns="$TURNS" \

@@ -175,6 +175,37 @@ TEST(SimulatorPrefixTest, TheTransferCarriesOnlyWhatTheDecodeWorkerLacks) {
   EXPECT_GT(result->records[1].itl_ms.front(), 500);
 }
 
+// As the coordinator's --local_prefill_tokens: a request whose prompt the
+// decode worker holds but for a few tokens is prefilled there, colocated,
+// and nothing moves; with 0, it goes to the prefill worker and the missing
+// blocks cross over.
+TEST(SimulatorPrefixTest, AShortRestIsPrefilledOnTheDecodeWorkerHoldingIt) {
+  for (int64_t local : {256, 87, 0}) {
+    SimOptions options;
+    ASSERT_TRUE(ParseShape("1P1D", &options).ok());
+    options.profile = TokenProfile();
+    options.profile.prefill.c1 = 1e-5;  // a transfer outlasts its prefill
+    options.local_prefill_tokens = local;
+    // The second shares the first's piece 1 (512 tokens): 88 to compute.
+    const std::vector<SimRequest> requests = {Prompt(0, 600, {1, 2}),
+                                              Prompt(10, 600, {1, 3})};
+    auto result = Simulate(options, requests);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const auto& r = result->records;
+    EXPECT_EQ(r[0].prefill_worker, "p0");
+    EXPECT_EQ(r[1].cached_tokens, 512) << local;
+    EXPECT_NEAR(r[1].ttft_ms, 0.88, 1e-6) << local;
+    EXPECT_EQ(r[1].decode_worker, "d0");
+    if (local >= 88) {
+      EXPECT_EQ(r[1].prefill_worker, "d0");
+      EXPECT_NEAR(r[1].itl_ms.front(), 1, 1e-3);  // one decode step
+    } else {
+      EXPECT_EQ(r[1].prefill_worker, "p0") << local;
+      EXPECT_GT(r[1].itl_ms.front(), 80) << local;  // 88 tokens moved
+    }
+  }
+}
+
 TEST(MooncakeTraceTest, ReadsJsonLinesAndNamesABadRow) {
   const std::string path = testing::TempDir() + "/mooncake.jsonl";
   {

@@ -59,6 +59,12 @@ absl::Status ValidateSimInput(const SimOptions& options,
       !s.ok()) {
     return s;
   }
+  if (options.local_prefill_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_prefill_tokens must be >= 0 (0: always split), "
+                     "got ",
+                     options.local_prefill_tokens));
+  }
   if (options.workers_per_host < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "workers_per_host must be >= 1, got ", options.workers_per_host));

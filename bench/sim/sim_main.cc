@@ -8,6 +8,7 @@
 //              --random_input_len=N --random_output_len=N
 //              --random_range_ratio=X | --trace=CSV]
 //             [--prefix_cache=true|false --trace_piece_tokens=512]
+//             [--local_prefill_tokens=N]
 //             [--ttft_slo_ms=N] [--max_waiting_requests=N]
 //             [--goodput="ttft:MS tpot:MS"] [--metric_percentiles=50,90,99]
 //             [--seed=N] [--save_result --result_filename=FILE]
@@ -44,6 +45,8 @@ ABSL_FLAG(double, random_range_ratio, 0.0,
 ABSL_FLAG(std::string, trace, "", "CSV trace of arrivals and lengths");
 ABSL_FLAG(bool, prefix_cache, true,
           "workers cache prompt blocks by prefix (traces with hash ids)");
+ABSL_FLAG(int64_t, local_prefill_tokens, 0,
+          "the coordinator's --local_prefill_tokens (0: always split)");
 ABSL_FLAG(int64_t, trace_piece_tokens, 512,
           "tokens per hash id of a trace (Mooncake's: 512)");
 ABSL_FLAG(int64_t, ttft_slo_ms, 0, "the coordinator's --ttft_slo_ms");
@@ -83,6 +86,7 @@ int Main() {
   options.profile = *profile;
   options.policy = absl::GetFlag(FLAGS_policy);
   options.prefix_cache = absl::GetFlag(FLAGS_prefix_cache);
+  options.local_prefill_tokens = absl::GetFlag(FLAGS_local_prefill_tokens);
   options.piece_tokens = absl::GetFlag(FLAGS_trace_piece_tokens);
   options.workers_per_host = absl::GetFlag(FLAGS_workers_per_host);
   options.admission.ttft_slo =
@@ -146,6 +150,7 @@ int Main() {
         {"ttft_slo_ms", absl::GetFlag(FLAGS_ttft_slo_ms)},
         {"trace", absl::GetFlag(FLAGS_trace)},
         {"prefix_cache", options.prefix_cache},
+        {"local_prefill_tokens", options.local_prefill_tokens},
         {"cached_tokens", result->cached_tokens},
         {"prompt_tokens", result->prompt_tokens},
         {"request_rate", absl::GetFlag(FLAGS_request_rate)},

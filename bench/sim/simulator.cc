@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/sim/prefix_model.h"
 #include "bench/sim/shared_hosts.h"
+#include "bench/sim/sim_state.h"
 #include "bench/sim/step_queue.h"
 #include "common/check.h"
 #include "coordinator/routing_policy.h"
@@ -26,55 +27,6 @@ using coordinator::WorkerInfo;
 using coordinator::WorkerRole;
 
 constexpr char kModel[] = "sim";
-
-struct Worker {
-  explicit Worker(const WorkerProfile& p)
-      : queue(p.max_num_seqs, p.max_batch_tokens) {}
-  WorkerRole role = WorkerRole::kBoth;
-  // Prompts to prefill and sequences running, as the engine orders them.
-  StepQueue queue;
-  std::deque<int> line;  // waiting for a KV reservation here (decode)
-  std::vector<StepQueue::Item> in_step;  // what the current step computes
-  int64_t free_blocks = 0;
-  int64_t queued_prefill_tokens = 0;
-  // Requests decoding here, as the coordinator counts them
-  // (RequestLoad::sequences): from the reservation, or colocated from the
-  // send, to the end.
-  int64_t sequences = 0;
-  bool busy = false;
-  double step_start = 0;
-  PrefillRate rate;
-  Candidates* pool = nullptr;  // where its WorkerInfo lives
-  size_t pool_index = 0;
-};
-
-struct Request {
-  SimRequest in;
-  int prefill = -1;
-  int decode = -1;  // the worker holding its KV blocks (colocated: prefill)
-  int64_t blocks = 0;
-  int64_t generated = 0;
-  double prefill_start = 0;  // of the step that ends its prompt
-  double last_token = 0;
-  std::vector<BlockHash> chain;  // full prompt blocks, while in flight
-  int64_t transfer_tokens = 0;   // those its decode worker lacks
-  // Gaps between tokens, ms: kept in floats while the caches fill memory,
-  // moved into the record's doubles once they are gone.
-  std::vector<float> itl_ms;
-};
-
-enum class EventType { kArrival, kStepDone, kKvLanded };
-
-struct Event {
-  double t;
-  int64_t seq;
-  EventType type;
-  int index;            // request (arrival, KV landed) or worker (step done)
-  int64_t version = 0;  // step done: SharedHosts' version of the step
-  bool operator>(const Event& o) const {
-    return t != o.t ? t > o.t : seq > o.seq;
-  }
-};
 
 class Simulation {
  public:
@@ -240,9 +192,15 @@ class Simulation {
       req.chain = prefix_->Chain(req.in.piece_ids, req.in.input_len);
     }
     if (options_.prefill == 0) return SendToPrefill(r, &both_pool_);
-    const int decode = WorkerOf(
-        policy_->PickDecode(decode_pool_, RoutingInfo(r, decode_pool_)));
+    const RequestInfo routing = RoutingInfo(r, decode_pool_);
+    const int decode = WorkerOf(policy_->PickDecode(decode_pool_, routing));
     if (decode >= 0) {
+      // As Cluster::ClaimDecode: the picked worker prefills the prompt
+      // itself when it holds all but a few of its tokens (nothing moves).
+      if (coordinator::PrefillLocally(routing, all_name(decode),
+                                      options_.local_prefill_tokens)) {
+        return PrefillOnDecode(r, decode);
+      }
       Reserve(r, decode);
       return SendToPrefill(r, &prefill_pool_);
     }
@@ -272,6 +230,19 @@ class Simulation {
     Sync(w);
   }
 
+  // r goes colocated to decode worker `w`: its blocks are counted there
+  // from now on (as StartPrefill's), and its prompt waits in w's queue.
+  void PrefillOnDecode(int r, int w) {
+    Request& req = requests_[static_cast<size_t>(r)];
+    req.decode = w;
+    req.blocks = coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
+    Worker& worker = workers_[static_cast<size_t>(w)];
+    worker.free_blocks -= req.blocks;
+    BATON_CHECK(worker.free_blocks >= 0);
+    ++worker.sequences;
+    SendTo(r, w);
+  }
+
   // Of `held` cached blocks of r's prompt, those a worker shares: the full
   // blocks before the one holding the last token, which the engine always
   // computes (Scheduler::Admit; a KV import pins the same).
@@ -281,14 +252,21 @@ class Simulation {
   }
 
   void SendToPrefill(int r, Candidates* pool) {
-    Request& req = requests_[static_cast<size_t>(r)];
     const int w = WorkerOf(policy_->PickPrefill(*pool, RoutingInfo(r, *pool)));
     BATON_CHECK(w >= 0);
+    if (workers_[static_cast<size_t>(w)].role == WorkerRole::kBoth) {
+      ++workers_[static_cast<size_t>(w)].sequences;
+    }
+    SendTo(r, w);
+  }
+
+  // r's prompt joins worker w's queue.
+  void SendTo(int r, int w) {
+    Request& req = requests_[static_cast<size_t>(r)];
     req.prefill = w;
     Worker& worker = workers_[static_cast<size_t>(w)];
     worker.queue.AddWaiting(r, req.in.input_len);
     worker.queued_prefill_tokens += req.in.input_len;
-    if (worker.role == WorkerRole::kBoth) ++worker.sequences;
     Sync(w);
     MaybeStep(w);
   }
@@ -400,9 +378,10 @@ class Simulation {
       req.blocks = need;
       worker.free_blocks -= need;
     }
-    // Computed on top of the cached prefix.
+    // Computed on top of the cached prefix (in the room a decode or
+    // colocated worker has besides its requests' blocks).
     const int64_t capacity =
-        worker.role == WorkerRole::kBoth ? worker.free_blocks : p_.kv_blocks;
+        worker.role == WorkerRole::kPrefill ? p_.kv_blocks : worker.free_blocks;
     const int64_t cached =
         Shareable(r, prefix_->Use(w, req.chain, capacity)) * p_.block_size;
     result_.records[static_cast<size_t>(r)].cached_tokens =
@@ -427,8 +406,9 @@ class Simulation {
       if (!item.decode) {
         prompt_tokens += item.tokens;
         // A prefill worker publishes a prompt's full blocks after each of
-        // its chunks, as the engine does; a colocated one holds them for the
-        // request and caches them when it ends (Free).
+        // its chunks, as the engine does; a colocated one (or a decode
+        // worker prefilling locally) holds them for the request and caches
+        // them when it ends (Free).
         if (worker.role == WorkerRole::kPrefill) {
           const auto full = std::min(
               req.chain.size(),

@@ -73,6 +73,10 @@ struct SimOptions {
   // --prefix_cache=on; pieces of piece_tokens (a multiple of the block size).
   bool prefix_cache = true;
   int64_t piece_tokens = 512;
+  // Split serving: a request whose prompt a decode worker with room holds
+  // all but at most this many tokens of is served colocated there, as
+  // baton-coordinator's --local_prefill_tokens (0: always split).
+  int64_t local_prefill_tokens = 0;
   // Workers that share one host, in the order prefill, decode, colocated:
   // a step that starts while k others of its host compute takes
   // 1 + k · profile.neighbor_slowdown.prefill times longer to prefill and

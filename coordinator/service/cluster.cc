@@ -296,7 +296,8 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimPrefill(
 
 absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
                                                 const std::string& attempt_id,
-                                                bool wait) {
+                                                bool wait,
+                                                LocalPrefill* local) {
   absl::MutexLock claim(&claim_mu_);
   const Candidates all = RoutingCandidates();
   RequestInfo info = request;
@@ -315,10 +316,20 @@ absl::StatusOr<WorkerInfo> Cluster::ClaimDecode(const RequestInfo& request,
         held.SetPayload(kGrantsInFlightPayload, absl::Cord());
         return held;
       }
-      absl::StatusOr<Transition> reserved = requests_.ReserveDecode(
-          attempt_id, w.ref,
-          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size),
-          wait);
+      const int64_t blocks =
+          DecodeBlocksNeeded(request, w.registration.kv_layout.block_size);
+      if (local != nullptr && !wait &&
+          PrefillLocally(info, w.ref.id, options_.local_prefill_tokens) &&
+          std::find(local->not_on.begin(), local->not_on.end(), w.ref.id) ==
+              local->not_on.end()) {
+        absl::StatusOr<Transition> started =
+            requests_.StartPrefill(attempt_id, w.ref, /*split=*/false, blocks);
+        if (!started.ok()) return started.status();
+        local->chosen = true;
+        return w;
+      }
+      absl::StatusOr<Transition> reserved =
+          requests_.ReserveDecode(attempt_id, w.ref, blocks, wait);
       if (!reserved.ok()) return reserved.status();
       return w;
     }

@@ -50,6 +50,14 @@ inline constexpr absl::string_view kGrantsInFlightPayload =
 inline constexpr absl::string_view kShutdownPayload =
     "type.baton.dev/baton.CoordinatorShutdown";
 
+// Cluster::ClaimDecode's prefill on the decode worker itself.
+struct LocalPrefill {
+  // Workers that failed this request's prefill: never chosen.
+  std::vector<WorkerId> not_on;
+  // Set when the claim started the attempt colocated on the picked worker.
+  bool chosen = false;
+};
+
 struct ClusterOptions {
   WorkerRegistryOptions registry;
   // "least_loaded" (default) or "round_robin".
@@ -98,6 +106,15 @@ struct ClusterOptions {
   // kv_device offers device-direct transports, which the prefill worker
   // picks only from a reservation it has before it starts).
   bool overlap_reserve_kv = true;
+  // Split serving: a request whose prompt a decode worker with room already
+  // holds all but at most this many tokens of (at least one block cached
+  // there) is served colocated on that decode worker, which prefills only
+  // the rest: no prefill worker, no KV transfer, no block computed twice
+  // (a conversation's next turn, whose history the decode worker of the
+  // last turn holds, answer included). 0 (the default): always split. It
+  // moves that compute onto the decode worker: worth it where the decode
+  // worker has compute to spare (a GPU) or the network is the bottleneck.
+  int64_t local_prefill_tokens = 0;
   // Threads that run every Generate call's coroutine (1..64): calls hold
   // none while they wait, so a few serve thousands of streams.
   int call_threads = 4;
@@ -190,9 +207,15 @@ class Cluster {
   // kGrantsInFlightPayload, reserving nothing (claim again shortly), so a
   // request sent to wait never reaches a worker before an earlier grant and
   // takes its room.
+  // With `local` (not waiting): when the picked worker holds all but
+  // options().local_prefill_tokens of the prompt (PrefillLocally) and is
+  // not in local->not_on, starts the attempt colocated there instead
+  // (StartPrefill, its blocks counted as the reservation's would be) and
+  // sets local->chosen.
   absl::StatusOr<WorkerInfo> ClaimDecode(const RequestInfo& request,
                                          const std::string& attempt_id,
-                                         bool wait = false);
+                                         bool wait = false,
+                                         LocalPrefill* local = nullptr);
 
   // Sends Worker.Cancel for every action of `transition`, in order, without
   // waiting (a failure is logged; the worker also frees orphans it reports

@@ -7,7 +7,7 @@
 //                     [--queue_timeout_ms=N] [--transfer_timeout_ms=N]
 //                     [--max_attempts=N] [--max_migrations=N]
 //                     [--overlap_reserve_kv=true|false]
-//                     [--ttft_slo_ms=N]
+//                     [--local_prefill_tokens=N] [--ttft_slo_ms=N]
 //                     [--max_waiting_requests=N] [--max_running_requests=N]
 //                     [--http_listen=HOST:PORT] [--http_max_body_bytes=N]
 //                     [--metrics_listen=HOST:PORT]
@@ -89,6 +89,13 @@ ABSL_FLAG(bool, overlap_reserve_kv, true,
           "worker's KV beside it (one round trip less before the first "
           "token; decode workers with host KV only); false: reserve "
           "first");
+ABSL_FLAG(int64_t, local_prefill_tokens, 0,
+          "split serving: a request whose prompt a decode worker with room "
+          "holds all but at most this many tokens of (at least one KV block "
+          "in its prefix cache) is served on that decode worker, which "
+          "prefills the rest itself: no prefill worker and no KV transfer "
+          "(a conversation's next turn; the decode worker then computes "
+          "it, beside its decodes); 0: always split");
 ABSL_FLAG(int64_t, ttft_slo_ms, 0,
           "refuse a request at once (RESOURCE_EXHAUSTED, HTTP 429 with "
           "Retry-After) when its estimated time to first token, from the "
@@ -236,6 +243,11 @@ int Main() {
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.overlap_reserve_kv = absl::GetFlag(FLAGS_overlap_reserve_kv);
+  options.local_prefill_tokens = absl::GetFlag(FLAGS_local_prefill_tokens);
+  if (options.local_prefill_tokens < 0) {
+    Log("--local_prefill_tokens must be >= 0 (0: always split)");
+    return 2;
+  }
   options.admission.ttft_slo =
       absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms));
   options.admission.max_waiting_requests =
@@ -448,7 +460,7 @@ int main(int argc, char** argv) {
       "[--lease_ttl_ms=N] [--engine_stall_timeout_ms=N] [--queue_timeout_ms=N] "
       "[--transfer_timeout_ms=N] "
       "[--max_attempts=N] [--max_migrations=N] "
-      "[--overlap_reserve_kv=true|false] "
+      "[--overlap_reserve_kv=true|false] [--local_prefill_tokens=N] "
       "[--ttft_slo_ms=N] "
       "[--max_waiting_requests=N] [--max_running_requests=N] "
       "[--http_listen=HOST:PORT] [--http_max_body_bytes=N] "

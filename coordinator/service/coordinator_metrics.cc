@@ -107,6 +107,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                          "after a fault, before its first token")
                    .Register(registry)
                    .Add(RoleLabel())),
+      local_prefills_(
+          BuildCounter()
+              .Name("baton_local_prefills_total")
+              .Help("Requests of split serving prefilled on the decode worker "
+                    "whose prefix cache held all but a few of their prompt "
+                    "tokens (--local_prefill_tokens): no KV transfer")
+              .Register(registry)
+              .Add(RoleLabel())),
       shed_(BuildCounter()
                 .Name("baton_requests_shed_total")
                 .Help("Requests refused on arrival with RESOURCE_EXHAUSTED "

@@ -20,6 +20,9 @@
 //                                           another decode worker mid-stream
 //   baton_retries_total                     counter, requests started over
 //                                           before their first token
+//   baton_local_prefills_total              counter, split-served requests
+//                                           prefilled on the decode worker
+//                                           that held their prefix
 //   baton_requests_shed_total{reason}       counter, refused on arrival
 //                                           (queue_full, ttft_slo)
 //   baton_requests_waiting                  gauge, admitted and before
@@ -93,6 +96,9 @@ class CoordinatorMetrics {
   void OnMigration() { migrations_.Increment(); }
   // A request starts over before its first token after a fault.
   void OnRetry() { retries_.Increment(); }
+  // A request goes to the decode worker that holds its prompt but for a
+  // few tokens, which prefills them itself (local_prefill_tokens).
+  void OnLocalPrefill() { local_prefills_.Increment(); }
   // Gaps between the tokens of one request, kept by its call and handed
   // over in OnRequestFinished.
   metrics::HistogramAccumulator NewInterTokenAccumulator() const;
@@ -120,6 +126,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& e2e_;
   prometheus::Counter& migrations_;
   prometheus::Counter& retries_;
+  prometheus::Counter& local_prefills_;
   prometheus::Family<prometheus::Counter>& shed_;
   prometheus::Gauge& waiting_;
   prometheus::Family<prometheus::Gauge>& healthy_;

@@ -29,6 +29,9 @@ class CoordinatorMetricsTest : public ::testing::Test {
 TEST_F(CoordinatorMetricsTest, OneRequestFromStartToFinish) {
   metrics_.OnRequestStarted();
   EXPECT_EQ(Value("baton_requests_active"), 1);
+  EXPECT_EQ(Value("baton_local_prefills_total"), 0);
+  metrics_.OnLocalPrefill();
+  EXPECT_EQ(Value("baton_local_prefills_total"), 1);
   metrics_.OnFirstToken(0.120, 17);
   metrics_.OnTokens(1);
   metrics::HistogramAccumulator gaps = metrics_.NewInterTokenAccumulator();

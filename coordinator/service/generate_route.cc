@@ -1,6 +1,7 @@
 // GenerateCall's routing: the decode worker with room (reserved first), then
-// the prefill worker, or one `both` worker for colocated serving, avoiding
-// the workers the state machine excluded after failed attempts.
+// the prefill worker, or one `both` worker for colocated serving, or the
+// decode worker that holds nearly all of the prompt, colocated there;
+// avoiding the workers the state machine excluded after failed attempts.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -53,8 +54,20 @@ async::Task<absl::Status> GenerateCall::Route() {
           co_await ClaimPrefill(WorkerRole::kBoth, info, queue_deadline);
       co_return claimed;
     }
-
-    absl::StatusOr<WorkerInfo> decode = cluster_->ClaimDecode(info, attempt_);
+    // A decode worker that holds all but a few tokens of the prompt (the
+    // last turn's history) prefills them itself, unless it failed this
+    // request's prefill before: nothing moves.
+    LocalPrefill local;
+    LocalPrefill* const maybe_local =
+        cluster_->options().local_prefill_tokens > 0 ? &local : nullptr;
+    if (maybe_local != nullptr) local.not_on = StillExcluded(excluded_prefill_);
+    absl::StatusOr<WorkerInfo> decode =
+        cluster_->ClaimDecode(info, attempt_, /*wait=*/false, maybe_local);
+    if (decode.ok() && local.chosen) {
+      prefill_ = *decode;
+      cluster_->metrics().OnLocalPrefill();
+      co_return absl::OkStatus();
+    }
     if (!decode.ok()) {
       // No decode worker up at all (other than those that failed it).
       if (decode.status().code() == absl::StatusCode::kUnavailable &&

@@ -73,8 +73,11 @@ grpc::ServerUnaryReactor* BatonService::ResetPrefixCache(
   for (ResetFanout::Call* call : calls) {
     call->stub->async()->ResetPrefixCache(
         &call->context, &call->request, &call->response,
-        [fanout, call](grpc::Status status) {
+        [fanout, call, cluster = cluster_](grpc::Status status) {
           BATON_TSAN_ACQUIRE(fanout);
+          // Routing stops counting on what the worker dropped now, not at
+          // its next heartbeat (whose eviction events then change nothing).
+          if (status.ok()) cluster->prefix_index().Forget(call->worker);
           bool last = false;
           {
             absl::MutexLock lock(&fanout->mu);

@@ -3,7 +3,9 @@
 // coordinator learns it from the workers' heartbeats), reuses exactly the
 // blocks that turn computed, and answers as a cold cache does; on 1P2D, the
 // next turn goes to the decode worker holding the previous one, which
-// receives only the blocks it lacks.
+// receives only the blocks it lacks, or, when what it lacks is short
+// (--local_prefill_tokens), prefills those tokens itself and receives
+// nothing.
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
@@ -142,7 +144,44 @@ class ClusterPrefixCacheTest : public ::testing::Test {
     return {};
   }
 
+  // Starts `options` (1P2D) with a metrics listener on both decode workers,
+  // whose addresses go to metrics_of_.
+  void StartWithDecodeMetrics(LocalClusterOptions options) {
+    options.prefill = 1;
+    options.decode = 2;
+    options.flags_of_worker[1] = {"--metrics_listen=127.0.0.1:0"};
+    options.flags_of_worker[2] = {"--metrics_listen=127.0.0.1:0"};
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    for (int i : {1, 2}) {
+      LocalCluster::Worker& w = cluster_->workers()[static_cast<size_t>(i)];
+      const std::string marker = "baton-worker metrics on ";
+      auto line = w.process->WaitForLine(marker, absl::Seconds(10));
+      ASSERT_TRUE(line.ok()) << line.status();
+      metrics_of_[w.address] = line->substr(marker.size());
+    }
+  }
+
+  // Two conversations whose first turns decode on different workers.
+  std::vector<Conversation> StartOnTwoDecodeWorkers() {
+    return StartTwoConversations(
+        [](int attempt, int c) {
+          return absl::StrCat(
+              "<|im_start|>system\nYou are careful assistant number ",
+              attempt * 2 + c,
+              ". You answer in full sentences, you give one example for "
+              "every claim, and you never use lists.<|im_end|>\n"
+              "<|im_start|>user\nWhy do ",
+              c == 0 ? "rivers meander across flat land"
+                     : "glaciers carve valleys",
+              "?<|im_end|>\n<|im_start|>assistant\n");
+        },
+        /*decode=*/true);
+  }
+
   std::unique_ptr<LocalCluster> cluster_;
+  std::map<std::string, std::string> metrics_of_;  // worker address -> metrics
 };
 
 TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
@@ -219,36 +258,8 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
 // holder is not the worker a cache-blind policy would pick.
 TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
   LocalClusterOptions options;
-  options.prefill = 1;
-  options.decode = 2;
-  options.flags_of_worker[1] = {"--metrics_listen=127.0.0.1:0"};
-  options.flags_of_worker[2] = {"--metrics_listen=127.0.0.1:0"};
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  cluster_ = std::move(*cluster);
-  std::map<std::string, std::string> metrics_of;  // worker address -> metrics
-  for (int i : {1, 2}) {
-    LocalCluster::Worker& w = cluster_->workers()[static_cast<size_t>(i)];
-    const std::string marker = "baton-worker metrics on ";
-    auto line = w.process->WaitForLine(marker, absl::Seconds(10));
-    ASSERT_TRUE(line.ok()) << line.status();
-    metrics_of[w.address] = line->substr(marker.size());
-  }
-
-  // Two conversations on different decode workers.
-  const std::vector<Conversation> convs = StartTwoConversations(
-      [](int attempt, int c) {
-        return absl::StrCat(
-            "<|im_start|>system\nYou are careful assistant number ",
-            attempt * 2 + c,
-            ". You answer in full sentences, you give one example for every "
-            "claim, and you never use lists.<|im_end|>\n<|im_start|>user\n"
-            "Why do ",
-            c == 0 ? "rivers meander across flat land"
-                   : "glaciers carve valleys",
-            "?<|im_end|>\n<|im_start|>assistant\n");
-      },
-      /*decode=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartWithDecodeMetrics(options));
+  const std::vector<Conversation> convs = StartOnTwoDecodeWorkers();
   ASSERT_EQ(convs.size(), 2u);
 
   const std::vector<int32_t> next = Tokenize(
@@ -261,7 +272,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
     const Conversation& conv = convs[c];
     const v1::GenerateResult& r1 = conv.first.result;
     const v1::WorkerRef holder = r1.decode_worker();
-    ASSERT_TRUE(metrics_of.contains(holder.address())) << holder.address();
+    ASSERT_TRUE(metrics_of_.contains(holder.address())) << holder.address();
     // Bytes per block, from turn 1's transfer.
     const int64_t sent1 =
         (static_cast<int64_t>(conv.turn1.size()) + kBlockSize - 1) /
@@ -285,7 +296,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
     const int64_t n2 = static_cast<int64_t>(turn2.size());
     const int64_t blocks2 = (n2 + kBlockSize - 1) / kBlockSize;
     const int64_t cached = std::min(fed, n2 - 1) / kBlockSize;
-    const int64_t before = ReceivedKvBytes(metrics_of[holder.address()]);
+    const int64_t before = ReceivedKvBytes(metrics_of_[holder.address()]);
     const StreamResult second = RunGenerate(cluster_->baton(), Ids(turn2));
     ASSERT_TRUE(second.has_result) << Describe(second);
     EXPECT_EQ(second.result.decode_worker().worker_id(), holder.worker_id())
@@ -294,7 +305,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
               cached * kBlockSize)
         << "conversation " << c;
     const int64_t moved =
-        ReceivedKvBytes(metrics_of[holder.address()]) - before;
+        ReceivedKvBytes(metrics_of_[holder.address()]) - before;
     EXPECT_EQ(moved, (blocks2 - cached) * block_bytes)
         << "conversation " << c << ": " << cached << " of " << blocks2
         << " blocks were cached";
@@ -312,6 +323,81 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
     EXPECT_EQ(cold.result.timings().kv_transfer_cached_tokens(), 0);
     EXPECT_EQ(cold.result.timings().kv_transfer_bytes(), full_bytes[c]);
     EXPECT_EQ(cold.tokens, seconds[c].tokens) << "conversation " << c;
+  }
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
+}
+
+// 1P2D with --local_prefill_tokens=256: the second turn, whose
+// history the decode worker of the first holds but for its last block and
+// the new user message, is served there colocated: that worker prefills
+// the missing tokens itself, nothing moves, the prefill worker is not
+// involved, and the answer equals the one a cold cache (split, everything
+// computed and sent) gives.
+TEST_F(ClusterPrefixCacheTest,
+       ShortRestOfANextTurnIsPrefilledWhereItsHistoryIs) {
+  LocalClusterOptions options;
+  options.local_prefill_tokens = 256;
+  ASSERT_NO_FATAL_FAILURE(StartWithDecodeMetrics(options));
+  const std::vector<Conversation> convs = StartOnTwoDecodeWorkers();
+  ASSERT_EQ(convs.size(), 2u);
+  const std::string prefill_id =
+      convs[0].first.result.prefill_worker().worker_id();
+
+  const std::vector<int32_t> next = Tokenize(
+      "<|im_end|>\n<|im_start|>user\nAnd in deserts?<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  std::vector<v1::GenerateRequest> turn2s(2);
+  std::vector<StreamResult> locals(2);
+  for (int c = 0; c < 2; ++c) {
+    const Conversation& conv = convs[c];
+    const v1::WorkerRef holder = conv.first.result.decode_worker();
+    ASSERT_NE(holder.worker_id(), prefill_id);
+    ASSERT_TRUE(metrics_of_.contains(holder.address())) << holder.address();
+    const int64_t fed =
+        static_cast<int64_t>(conv.turn1.size() + conv.first.tokens.size()) - 1;
+    WaitIndexed(holder.worker_id(), fed / kBlockSize);
+
+    std::vector<int32_t> turn2 = conv.turn1;
+    turn2.insert(turn2.end(), conv.first.tokens.begin(),
+                 conv.first.tokens.end());
+    turn2.insert(turn2.end(), next.begin(), next.end());
+    const int64_t n2 = static_cast<int64_t>(turn2.size());
+    const int64_t cached = std::min(fed, n2 - 1) / kBlockSize * kBlockSize;
+    ASSERT_LE(n2 - cached, 256) << "the rest must be short for this test";
+    const int64_t before = ReceivedKvBytes(metrics_of_[holder.address()]);
+    turn2s[c] = Ids(turn2);
+    locals[c] = RunGenerate(cluster_->baton(), turn2s[c]);
+    const StreamResult& local = locals[c];
+    ASSERT_TRUE(local.has_result) << Describe(local);
+    EXPECT_EQ(local.result.prefill_worker().worker_id(), holder.worker_id())
+        << "conversation " << c;
+    EXPECT_EQ(local.result.decode_worker().worker_id(), holder.worker_id())
+        << "conversation " << c;
+    EXPECT_EQ(local.result.usage().cached_tokens(), cached)
+        << "conversation " << c;
+    EXPECT_EQ(local.result.timings().kv_transfer_bytes(), 0);
+    EXPECT_EQ(ReceivedKvBytes(metrics_of_[holder.address()]), before)
+        << "conversation " << c;
+  }
+
+  // A cold cache: split, everything computed and sent, the same answers.
+  // (The coordinator forgets what the workers held at the reset; a
+  // heartbeat sent before it may bring some back until the next one.)
+  EXPECT_EQ(ResetPrefixCache(), 3);
+  const absl::Time until = absl::Now() + DefaultTestDeadline();
+  for (const auto& [id, blocks] : IndexedBlocks()) {
+    while (IndexedBlocks()[id] > 0) {
+      ASSERT_LT(absl::Now(), until) << id << " still indexed after the reset";
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    const StreamResult cold = RunGenerate(cluster_->baton(), turn2s[c]);
+    ASSERT_TRUE(cold.has_result) << Describe(cold);
+    EXPECT_EQ(cold.result.usage().cached_tokens(), 0);
+    EXPECT_EQ(cold.result.prefill_worker().worker_id(), prefill_id);
+    EXPECT_GT(cold.result.timings().kv_transfer_bytes(), 0);
+    EXPECT_EQ(cold.tokens, locals[c].tokens) << "conversation " << c;
   }
   EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
 }

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--heartbeat_ms=", options.heartbeat_ms),
         absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
         absl::StrCat("--drain_timeout_s=", options.coordinator_drain_timeout_s),
+        absl::StrCat("--local_prefill_tokens=", options.local_prefill_tokens),
         "--mutex_deadlock_detection"};
     if (options.coordinators > 1) {
       argv.push_back(absl::StrCat("--coordinator_id=replica", r));

@@ -38,6 +38,9 @@ struct LocalClusterOptions {
   int drain_timeout_s = 0;
   // The coordinator's --drain_timeout_s (0: SIGTERM ends its calls at once).
   int coordinator_drain_timeout_s = 0;
+  // The coordinator's --local_prefill_tokens (0, its default: always
+  // split).
+  int64_t local_prefill_tokens = 0;
   // Extra baton-coordinator flags, e.g. "--queue_timeout_ms=500".
   std::vector<std::string> coordinator_flags;
   // Extra flags of every worker, e.g. "--fault=prefill_step:stop".

@@ -186,9 +186,12 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
       }
       return StartSplitPrefill(*request, std::move(generation), reactor);
     }
-    if (options_.role != v1::WORKER_ROLE_BOTH) {
+    // Served here from prompt to end: a `both` worker, or a decode worker
+    // whose prefix cache holds most of the prompt (the coordinator's
+    // local_prefill_tokens).
+    if (options_.role == v1::WORKER_ROLE_PREFILL) {
       return absl::InvalidArgumentError(
-          "kv_target: required on a worker whose role is not both");
+          "kv_target: required on a worker whose role is prefill");
     }
     return StartLocalRequest(std::move(generation), request->coordinator_id(),
                              reactor);
