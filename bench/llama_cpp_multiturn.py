@@ -26,16 +26,7 @@ import time
 
 import llama_cpp
 import llama_cpp_host
-
-
-def percentile(values, p):
-    if not values:
-        return 0.0
-    values = sorted(values)
-    k = (len(values) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+from openai_multiturn import percentile
 
 
 def main():

@@ -215,7 +215,8 @@ class Simulation {
     Sync(line);
   }
 
-  void Reserve(int r, int w) {
+  // r's blocks and sequence count on decode worker `w` from now on.
+  void Hold(int r, int w) {
     Request& req = requests_[static_cast<size_t>(r)];
     req.decode = w;
     req.blocks = coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
@@ -223,6 +224,12 @@ class Simulation {
     worker.free_blocks -= req.blocks;
     ++worker.sequences;
     BATON_CHECK(worker.free_blocks >= 0);
+  }
+
+  void Reserve(int r, int w) {
+    Hold(r, w);
+    Request& req = requests_[static_cast<size_t>(r)];
+    const Worker& worker = workers_[static_cast<size_t>(w)];
     // The transfer carries only the blocks this worker's cache lacks.
     const int64_t held =
         Shareable(r, prefix_->Use(w, req.chain, worker.free_blocks));
@@ -233,13 +240,7 @@ class Simulation {
   // r goes colocated to decode worker `w`: its blocks are counted there
   // from now on (as StartPrefill's), and its prompt waits in w's queue.
   void PrefillOnDecode(int r, int w) {
-    Request& req = requests_[static_cast<size_t>(r)];
-    req.decode = w;
-    req.blocks = coordinator::DecodeBlocksNeeded(Info(r), p_.block_size);
-    Worker& worker = workers_[static_cast<size_t>(w)];
-    worker.free_blocks -= req.blocks;
-    BATON_CHECK(worker.free_blocks >= 0);
-    ++worker.sequences;
+    Hold(r, w);
     SendTo(r, w);
   }
 

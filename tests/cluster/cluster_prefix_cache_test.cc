@@ -111,6 +111,18 @@ class ClusterPrefixCacheTest : public ::testing::Test {
   struct Conversation {
     std::vector<int32_t> turn1;
     StreamResult first;
+    // Tokens of turn 1 the decode worker fed, so holds: its prompt and
+    // answer but the answer's last token.
+    int64_t fed() const {
+      return static_cast<int64_t>(turn1.size() + first.tokens.size()) - 1;
+    }
+    // Turn 1's prompt and answer, then `next`.
+    std::vector<int32_t> Turn2(const std::vector<int32_t>& next) const {
+      std::vector<int32_t> turn2 = turn1;
+      turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+      turn2.insert(turn2.end(), next.begin(), next.end());
+      return turn2;
+    }
   };
 
   // Two conversations whose first turns run at once, with prompts
@@ -208,9 +220,8 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
   for (const Conversation& c : convs) {
     ASSERT_EQ(c.first.result.usage().cached_tokens(), 0);
     // The turn's blocks reach the coordinator with the next heartbeats.
-    const int64_t fed =
-        static_cast<int64_t>(c.turn1.size() + c.first.tokens.size()) - 1;
-    WaitIndexed(c.first.result.prefill_worker().worker_id(), fed / kBlockSize);
+    WaitIndexed(c.first.result.prefill_worker().worker_id(),
+                c.fed() / kBlockSize);
   }
 
   const std::vector<int32_t> next = Tokenize(
@@ -219,10 +230,7 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
   std::vector<StreamResult> second(2);
   std::vector<v1::GenerateRequest> turn2s(2);
   for (int c = 0; c < 2; ++c) {
-    std::vector<int32_t> turn2 = convs[c].turn1;
-    turn2.insert(turn2.end(), convs[c].first.tokens.begin(),
-                 convs[c].first.tokens.end());
-    turn2.insert(turn2.end(), next.begin(), next.end());
+    const std::vector<int32_t> turn2 = convs[c].Turn2(next);
     turn2s[c] = Ids(turn2);
     second[c] = RunGenerate(cluster_->baton(), turn2s[c]);
     ASSERT_TRUE(second[c].has_result) << Describe(second[c]);
@@ -230,11 +238,8 @@ TEST_F(ClusterPrefixCacheTest, NextTurnGoesWhereThePreviousOneIsCached) {
               convs[c].first.result.prefill_worker().worker_id())
         << "conversation " << c;
     // Every full block of turn 1's prompt and answer but the last token.
-    const int64_t fed = static_cast<int64_t>(convs[c].turn1.size() +
-                                             convs[c].first.tokens.size()) -
-                        1;
     EXPECT_EQ(second[c].result.usage().cached_tokens(),
-              std::min(fed, static_cast<int64_t>(turn2.size()) - 1) /
+              std::min(convs[c].fed(), static_cast<int64_t>(turn2.size()) - 1) /
                   kBlockSize * kBlockSize)
         << "conversation " << c;
   }
@@ -285,14 +290,10 @@ TEST_F(ClusterPrefixCacheTest, NextTurnMovesOnlyTheBlocksTheDecodeWorkerLacks) {
     // The decode worker caches turn 1's prompt and answer (but the
     // answer's last token, never fed); the coordinator learns it from the
     // heartbeats.
-    const int64_t fed =
-        static_cast<int64_t>(conv.turn1.size() + conv.first.tokens.size()) - 1;
+    const int64_t fed = conv.fed();
     WaitIndexed(holder.worker_id(), fed / kBlockSize);
 
-    std::vector<int32_t> turn2 = conv.turn1;
-    turn2.insert(turn2.end(), conv.first.tokens.begin(),
-                 conv.first.tokens.end());
-    turn2.insert(turn2.end(), next.begin(), next.end());
+    const std::vector<int32_t> turn2 = conv.Turn2(next);
     const int64_t n2 = static_cast<int64_t>(turn2.size());
     const int64_t blocks2 = (n2 + kBlockSize - 1) / kBlockSize;
     const int64_t cached = std::min(fed, n2 - 1) / kBlockSize;
@@ -353,14 +354,10 @@ TEST_F(ClusterPrefixCacheTest,
     const v1::WorkerRef holder = conv.first.result.decode_worker();
     ASSERT_NE(holder.worker_id(), prefill_id);
     ASSERT_TRUE(metrics_of_.contains(holder.address())) << holder.address();
-    const int64_t fed =
-        static_cast<int64_t>(conv.turn1.size() + conv.first.tokens.size()) - 1;
+    const int64_t fed = conv.fed();
     WaitIndexed(holder.worker_id(), fed / kBlockSize);
 
-    std::vector<int32_t> turn2 = conv.turn1;
-    turn2.insert(turn2.end(), conv.first.tokens.begin(),
-                 conv.first.tokens.end());
-    turn2.insert(turn2.end(), next.begin(), next.end());
+    const std::vector<int32_t> turn2 = conv.Turn2(next);
     const int64_t n2 = static_cast<int64_t>(turn2.size());
     const int64_t cached = std::min(fed, n2 - 1) / kBlockSize * kBlockSize;
     ASSERT_LE(n2 - cached, 256) << "the rest must be short for this test";
