@@ -105,9 +105,6 @@ Series Cluster(const std::string& shape, int requests, int max_tokens) {
   options.prefill = shape == "1P1D" ? 1 : 0;
   options.decode = shape == "1P1D" ? 1 : 0;
   options.both = shape == "2C" ? 2 : 0;
-  // Every request repeats one prompt: split serving's hops are measured only
-  // if the decode worker holding it does not prefill it locally.
-  options.local_prefill_tokens = 0;
   auto cluster = testing::LocalCluster::Start(options);
   BATON_CHECK(cluster.ok()) << cluster.status();
   Series s;

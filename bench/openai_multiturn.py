@@ -49,11 +49,6 @@ def percentile(values, p):
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def field(reader, name):
-    f = reader.fields[name]
-    return f.parts[f.data[0]]
-
-
 def vocabulary(model_path):
     """(whole-word tokens as text with their leading space, EOS id)."""
     reader = gguf.GGUFReader(model_path)
@@ -61,15 +56,20 @@ def vocabulary(model_path):
     tokens = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
     words = [t.replace("\u0120", " ") for t in tokens
              if re.fullmatch("\u0120[a-z]{3,9}", t)]
-    eos = int(field(reader, "tokenizer.ggml.eos_token_id")[0])
+    eos_field = reader.fields["tokenizer.ggml.eos_token_id"]
+    eos = int(eos_field.parts[eos_field.data[0]][0])
     return words, eos
+
+
+def connect(url, timeout_s):
+    parts = urllib.parse.urlsplit(url)
+    return http.client.HTTPConnection(parts.hostname, parts.port,
+                                      timeout=timeout_s)
 
 
 def served_model(url, timeout_s):
     """The first model the server's /v1/models lists."""
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port,
-                                      timeout=timeout_s)
+    conn = connect(url, timeout_s)
     conn.request("GET", "/v1/models")
     resp = conn.getresponse()
     body = resp.read()
@@ -81,9 +81,7 @@ def served_model(url, timeout_s):
 
 def stream_completion(url, body, timeout_s):
     """Sends one streamed completion; returns (TTFT ms, text, usage)."""
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port,
-                                      timeout=timeout_s)
+    conn = connect(url, timeout_s)
     sent = time.perf_counter()
     conn.request("POST", "/v1/completions", body=json.dumps(body),
                  headers={"Content-Type": "application/json"})

@@ -56,13 +56,11 @@ async::Task<absl::Status> GenerateCall::Route() {
     }
     // A decode worker that holds all but a few tokens of the prompt (the
     // last turn's history) prefills them itself, unless it failed this
-    // request's prefill before: nothing moves.
+    // request's prefill before: nothing moves (local_prefill_tokens > 0).
     LocalPrefill local;
-    LocalPrefill* const maybe_local =
-        cluster_->options().local_prefill_tokens > 0 ? &local : nullptr;
-    if (maybe_local != nullptr) local.not_on = StillExcluded(excluded_prefill_);
+    local.not_on = StillExcluded(excluded_prefill_);
     absl::StatusOr<WorkerInfo> decode =
-        cluster_->ClaimDecode(info, attempt_, /*wait=*/false, maybe_local);
+        cluster_->ClaimDecode(info, attempt_, /*wait=*/false, &local);
     if (decode.ok() && local.chosen) {
       prefill_ = *decode;
       cluster_->metrics().OnLocalPrefill();
