@@ -27,7 +27,8 @@ using ::testing::StartsWith;
 
 // Static TLS larger than the 100 KiB thread stacks a listener built on
 // civetweb (as Debian builds it) starts its threads with: as in a worker
-// linked with cuBLASLt (about 94 KiB of TLS), its pthread_create fails.
+// linked with CUDA 13's cuBLASLt, cuBLAS and runtime (92 + 12 + 4 KiB of
+// TLS), its pthread_create fails.
 alignas(64) thread_local char big_static_tls[160 * 1024];
 
 // Sends `request` to 127.0.0.1:`port` as is and returns everything the

@@ -104,7 +104,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
     grpc::CallbackServerContext* context,
     const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   auto role = RoleFromProto(request->role());
   if (!role.ok()) return Finish(context, role.status());
   auto layout = FromProto(request->kv_layout());
@@ -185,7 +185,7 @@ void ControlPlaneService::ApplyPrefixCacheEvents(
 grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   const WorkerRef ref{request->worker_id(), request->epoch()};
   std::vector<std::string> leased(request->leased_request_ids().begin(),
                                   request->leased_request_ids().end());
@@ -207,7 +207,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
     grpc::CallbackServerContext* context,
     const v1::DeregisterWorkerRequest* request,
     v1::DeregisterWorkerResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   const WorkerRef ref{request->worker_id(), request->epoch()};
   if (request->drain()) {
     // Routing skips it from now on; its requests go on.
@@ -240,7 +240,7 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeregisterWorker(
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   const absl::Time arrival = absl::Now();
   auto* reactor = new GenerateReactor();
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
@@ -285,7 +285,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* BatonService::Generate(
 grpc::ServerUnaryReactor* BatonService::Tokenize(
     grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
     v1::TokenizeResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
     return Finish(context, auth);
   }
@@ -309,7 +309,7 @@ grpc::ServerUnaryReactor* BatonService::ListModels(
     grpc::CallbackServerContext* context,
     const v1::ListModelsRequest* /*request*/,
     v1::ListModelsResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
     return Finish(context, auth);
   }
@@ -347,7 +347,7 @@ grpc::ServerUnaryReactor* BatonService::GetClusterStatus(
     grpc::CallbackServerContext* context,
     const v1::GetClusterStatusRequest* request,
     v1::GetClusterStatusResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
     return Finish(context, auth);
   }

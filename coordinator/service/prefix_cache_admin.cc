@@ -36,7 +36,7 @@ grpc::ServerUnaryReactor* BatonService::ResetPrefixCache(
     grpc::CallbackServerContext* context,
     const v1::ResetPrefixCacheRequest* /*request*/,
     v1::ResetPrefixCacheResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status auth = Authorize(api_keys_, context); !auth.ok()) {
     reactor->Finish(ToGrpcStatus(auth));

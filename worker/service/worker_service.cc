@@ -55,6 +55,7 @@ WorkerService::WorkerService(const WorkerServiceOptions& options,
           WorkerRoleLabel(options.role))) {}
 
 WorkerService::~WorkerService() {
+  TsanAfterHandlers(this);  // see common/tsan/annotations.h
   // No reactor's on_cancel reaches the service from here on (the gRPC
   // server's shutdown cancels the streams still open, on its own threads).
   cancel_gate_->Close();
@@ -152,7 +153,7 @@ std::vector<std::string> WorkerService::LeasedRequestIds(
 grpc::ServerWriteReactor<v1::PrefillResponse>* WorkerService::Prefill(
     grpc::CallbackServerContext* /*context*/,
     const v1::PrefillRequest* request) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   auto* reactor = new PrefillReactor();
   absl::Status status = [&]() -> absl::Status {
     if (request->request_id().empty()) {
@@ -410,7 +411,7 @@ bool WorkerService::CancelRequest(const std::string& request_id,
 grpc::ServerUnaryReactor* WorkerService::Cancel(
     grpc::CallbackServerContext* context, const v1::CancelRequest* request,
     v1::CancelResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   const int64_t free_before = engine_->stats().kv_blocks_free;
   response->set_found(CancelRequest(request->request_id(), request->reason()));
   response->set_blocks_freed(
@@ -422,7 +423,7 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerStatus(
     grpc::CallbackServerContext* context,
     const v1::GetWorkerStatusRequest* /*request*/,
     v1::GetWorkerStatusResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   *response->mutable_load() = Load();
   for (std::string& id : LeasedRequestIds()) {
     response->add_leased_request_ids(std::move(id));

@@ -69,7 +69,7 @@ void WorkerService::OnLanded(const std::string& request_id,
 grpc::ServerUnaryReactor* WorkerService::ReserveKv(
     grpc::CallbackServerContext* context, const v1::ReserveKvRequest* request,
     v1::ReserveKvResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (options_.role == v1::WORKER_ROLE_PREFILL) {
     return FinishUnary(context, absl::FailedPreconditionError(
                                     "ReserveKv: this worker has the prefill "
@@ -210,7 +210,7 @@ absl::Status WorkerService::Reserve(const v1::ReserveKvRequest& request,
 grpc::ServerUnaryReactor* WorkerService::PairKv(
     grpc::CallbackServerContext* context, const v1::PairKvRequest* request,
     v1::PairKvResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (!options_.expect_nccl) {
     return FinishUnary(context, absl::UnimplementedError(
                                     "PairKv: this worker receives no KV over "
@@ -260,7 +260,7 @@ grpc::ServerUnaryReactor* WorkerService::PairKv(
 grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
     grpc::CallbackServerContext* /*context*/,
     const v1::DecodeRequest* request) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   auto* reactor = new DecodeReactor();
   const std::string id = request->request_id();
   const SteadyClock::time_point arrival = SteadyClock::now();

@@ -20,7 +20,7 @@ grpc::ServerUnaryReactor* WorkerService::ResetPrefixCache(
     grpc::CallbackServerContext* context,
     const v1::ResetWorkerPrefixCacheRequest* /*request*/,
     v1::ResetWorkerPrefixCacheResponse* response) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   response->set_blocks_dropped(engine_->ResetPrefixCache());
   return FinishUnary(context, absl::OkStatus());
 }

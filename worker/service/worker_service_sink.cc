@@ -118,7 +118,7 @@ KvSinkFactory WorkerService::FollowingKvSink(const std::string& id) {
 grpc::ServerUnaryReactor* WorkerService::SetKvTarget(
     grpc::CallbackServerContext* context, const v1::SetKvTargetRequest* request,
     v1::SetKvTargetResponse* /*response*/) {
-  BATON_TSAN_ACQUIRE(this);  // see common/tsan/annotations.h
+  const TsanHandlerScope handler(this);  // see common/tsan/annotations.h
   if (request->request_id().empty()) {
     return FinishUnary(context,
                        absl::InvalidArgumentError("request_id: required"));
