@@ -184,6 +184,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  // -1 is "unset"; anything below it is a mistake, not another "unset".
+  struct Unset {
+    const char* flag;
+    int64_t value;
+    const char* means;
+  };
+  for (const Unset& f :
+       {Unset{"seed", absl::GetFlag(FLAGS_seed), "random"},
+        Unset{"logprobs", absl::GetFlag(FLAGS_logprobs), "none"}}) {
+    if (f.value < -1) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--", f.flag, " must be >= 0, or -1 for ", f.means,
+                       ", got ", f.value)));
+    }
+  }
   absl::Status status;
   if (command == "inspect") {
     baton::cli::InspectOptions o;

@@ -168,6 +168,22 @@ int64_t DecodeBlocksNeeded(const RequestInfo& request, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+DecodeCapacity LargestDecodePool(const Candidates& candidates,
+                                 absl::string_view model_id) {
+  DecodeCapacity largest;
+  for (const WorkerInfo& w : candidates) {
+    if (!CanDecode(w.registration.role) || w.health != WorkerHealth::kHealthy ||
+        w.registration.model_id != model_id) {
+      continue;
+    }
+    if (w.registration.kv_blocks_total > largest.blocks) {
+      largest.blocks = w.registration.kv_blocks_total;
+      largest.block_size = w.registration.kv_layout.block_size;
+    }
+  }
+  return largest;
+}
+
 absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
                                           const RequestInfo& request) {
   absl::StatusOr<std::vector<const WorkerInfo*>> eligible =
@@ -189,7 +205,7 @@ absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
     }
   }
   if (best == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return absl::FailedPreconditionError(absl::StrFormat(
         "no decode worker for model '%s' is big enough for prompt %d + "
         "max_tokens %d tokens (the largest has %d KV blocks)",
         request.model_id, request.prompt_tokens, request.max_tokens, largest));

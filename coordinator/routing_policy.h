@@ -48,6 +48,19 @@ struct RequestInfo {
 // request: ceil((prompt_tokens + max_tokens) / block_size).
 int64_t DecodeBlocksNeeded(const RequestInfo& request, int64_t block_size);
 
+// The largest KV pool (kv_blocks_total) among healthy workers that decode
+// `model_id`, with its block size; zeros when none is up. A request whose
+// prompt + max_tokens needs more blocks cannot be served until a larger
+// decode worker joins.
+struct DecodeCapacity {
+  int64_t blocks = 0;
+  int64_t block_size = 0;
+  // Tokens (prompt + max_tokens) one request may hold there.
+  int64_t tokens() const { return blocks * block_size; }
+};
+DecodeCapacity LargestDecodePool(const Candidates& candidates,
+                                 absl::string_view model_id);
+
 // Thread-safe implementations only.
 class RoutingPolicy {
  public:
@@ -79,8 +92,8 @@ std::unique_ptr<RoutingPolicy> NewRoundRobinPolicy();
 // Where a request waits for decode room when no decode worker has it: the
 // healthy decode worker big enough for it (kv_blocks_total) with the fewest
 // reservations waiting there, then the most free blocks, then the smallest
-// id. UNAVAILABLE when none is healthy, RESOURCE_EXHAUSTED when none is big
-// enough.
+// id. UNAVAILABLE when none is healthy, FAILED_PRECONDITION when none is
+// big enough.
 absl::StatusOr<WorkerRef> PickDecodeQueue(const Candidates& candidates,
                                           const RequestInfo& request);
 

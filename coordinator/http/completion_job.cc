@@ -84,19 +84,35 @@ void CompletionJob::FillContextThenLaunch() {
         if (!status.ok()) {
           Streams none;
           absl::MutexLock lock(&self->mu_);
-          self->Fail(FromGrpc(status), none);
+          self->Fail(InRequestTerms(FromGrpc(status), "messages"), none);
           self->Finish();
           return;
         }
-        int64_t room =
-            self->env_->context_length - call->response.token_ids_size();
+        const int64_t prompt = call->response.token_ids_size();
+        int64_t room = self->env_->context_length - prompt;
+        if (room < 1) {
+          Streams none;
+          absl::MutexLock lock(&self->mu_);
+          self->Fail(absl::InvalidArgumentError(
+                         absl::StrCat("messages: the chat is ", prompt,
+                                      " tokens; the model's context holds ",
+                                      self->env_->context_length,
+                                      ", leaving no room for an answer")),
+                     none);
+          self->Finish();
+          return;
+        }
+        // What the largest decode worker can hold, so a chat that fits
+        // there is not refused for a max_tokens its client never sent.
+        if (const int64_t capacity = call->response.max_request_tokens();
+            capacity > prompt) {
+          room = std::min(room, capacity - prompt);
+        }
         if (self->env_->default_max_tokens > 0) {
           room = std::min(room, self->env_->default_max_tokens);
         }
-        // No room: Generate rejects max_tokens = 1 with the context limit
-        // in its message.
         self->request_.prompts[0].mutable_sampling()->set_max_tokens(
-            static_cast<int32_t>(std::clamp<int64_t>(room, 1, INT32_MAX)));
+            static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)));
         self->Launch();
       });
 }
@@ -200,13 +216,19 @@ void CompletionJob::OnDone(int index, const grpc::Status& status,
       absl::Status why =
           cancelled_    ? absl::CancelledError("the client disconnected")
           : status.ok() ? absl::InternalError("Generate ended without a result")
-                        : FromGrpc(status);
+                        : InRequestTerms(FromGrpc(status), PromptField(index));
       if (retry_after.has_value()) SetRetryAfter(why, *retry_after);
       Fail(std::move(why), to_cancel);
     }
     if (done_ == static_cast<int>(choices_.size())) Finish();
   }
   CancelAll(to_cancel);
+}
+
+std::string CompletionJob::PromptField(int index) const {
+  if (request_.endpoint == Endpoint::kChat) return "messages";
+  if (request_.prompts.size() == 1) return "prompt";
+  return absl::StrCat("prompt[", index / request_.n, "]");
 }
 
 void CompletionJob::Cancel() {

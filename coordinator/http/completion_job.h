@@ -67,6 +67,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   void FillContextThenLaunch();
   void Launch();
   void OnMessage(int index, v1::GenerateResponse message);
+  // How the OpenAI request names choice `index`'s prompt ("messages",
+  // "prompt", "prompt[i]"), for its errors.
+  std::string PromptField(int index) const;
   // The call ended: `retry_after` is the delay a refusal asked for. May
   // run before GenerateStream::Start returned (a refusal comes at once),
   // so it must not touch choices_[index].stream.

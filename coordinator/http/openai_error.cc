@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
@@ -93,6 +94,44 @@ std::string ParamOf(const absl::Status& status) {
     return "max_tokens";
   }
   return param;
+}
+
+absl::Status InRequestTerms(const absl::Status& status,
+                            absl::string_view prompt_field) {
+  if (status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kOutOfRange) {
+    return status;
+  }
+  // Longest first; each is a whole path segment of the message's start.
+  static constexpr absl::string_view kPaths[] = {"prompt.token_ids.token_ids",
+                                                 "prompt.chat.messages",
+                                                 "prompt.text",
+                                                 "prompt.chat",
+                                                 "token_ids.token_ids",
+                                                 "chat.messages",
+                                                 "text",
+                                                 "chat",
+                                                 "prompt"};
+  absl::string_view m = status.message();
+  // The request's sampling fields are top-level fields of an OpenAI body.
+  if (absl::ConsumePrefix(&m, "sampling.")) {
+    return absl::Status(status.code(), m);
+  }
+  for (absl::string_view path : kPaths) {
+    if (!absl::StartsWith(m, path)) continue;
+    const absl::string_view rest = m.substr(path.size());
+    if (!rest.empty() &&
+        (std::isalnum(static_cast<unsigned char>(rest[0])) || rest[0] == '_')) {
+      continue;  // "prompt_tokens ...", "textual": another word
+    }
+    // A chat's messages are the request's "messages" themselves.
+    const bool messages = absl::EndsWith(path, "messages");
+    return absl::Status(
+        status.code(),
+        absl::StrCat(messages ? absl::string_view("messages") : prompt_field,
+                     rest));
+  }
+  return status;
 }
 
 Json ErrorJson(const absl::Status& status) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace baton::http {
@@ -32,6 +33,17 @@ int HttpStatusFor(absl::StatusCode code);
 // messages such as "top_p must be ..." or "sampling.top_p must be ..."
 // (without "sampling."), or "model" for NOT_FOUND; empty when none.
 std::string ParamOf(const absl::Status& status);
+
+// A Generate call's INVALID_ARGUMENT (or OUT_OF_RANGE) about its prompt in
+// the names of the OpenAI request it came from: the baton.v1 path that
+// starts the message ("text", "token_ids.token_ids[3]", "chat.messages[0]
+// .role", "prompt.chat.messages", ...) becomes `prompt_field` ("messages",
+// "prompt" or "prompt[i]") followed by what the path named inside the
+// prompt ("prompt[1][3]", "messages[0].role"); "sampling.stop: ..." loses
+// its "sampling." (the OpenAI body's fields are top level). Any other
+// status is returned as is.
+absl::Status InRequestTerms(const absl::Status& status,
+                            absl::string_view prompt_field);
 
 // {"error": {...}} for `status`; `type` and `code` derive from its code.
 nlohmann::json ErrorJson(const absl::Status& status);

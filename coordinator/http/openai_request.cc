@@ -220,6 +220,9 @@ absl::Status ParsePrompts(const Json* prompt,
       "prompt must be a string, an array of strings, an array of token ids "
       "or an array of token-id arrays";
   if (prompt->is_string()) {
+    if (prompt->get_ref<const std::string&>().empty()) {
+      return absl::InvalidArgumentError("prompt must not be empty");
+    }
     out.emplace_back().set_text(prompt->get<std::string>());
     return absl::OkStatus();
   }
@@ -234,12 +237,27 @@ absl::Status ParsePrompts(const Json* prompt,
         absl::StrCat("prompt must hold at most ", kMaxPrompts, " prompts, got ",
                      prompt->size()));
   }
+  // Strings only, or token-id arrays only (as OpenAI's API takes them).
+  const bool strings = (*prompt)[0].is_string();
   for (size_t i = 0; i < prompt->size(); ++i) {
     const Json& p = (*prompt)[i];
     const std::string field = absl::StrCat("prompt[", i, "]");
+    if ((p.is_string() || p.is_array()) && p.is_string() != strings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kShape, "; ", field, " is ", TypeName(p),
+                       " but prompt[0] is ", TypeName((*prompt)[0])));
+    }
     if (p.is_string()) {
+      if (p.get_ref<const std::string&>().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " must not be empty"));
+      }
       out.emplace_back().set_text(p.get<std::string>());
     } else if (p.is_array()) {
+      if (p.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " must hold at least one token id"));
+      }
       if (absl::Status s = TokenIds(p, field, out.emplace_back()); !s.ok()) {
         return s;
       }

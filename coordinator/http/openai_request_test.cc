@@ -98,11 +98,11 @@ TEST(OpenAiRequestTest, CompletionPromptShapes) {
   EXPECT_FALSE(text->fill_context);  // completions default: Baton's 16
 
   auto many = Completion(
-      R"({"model": "m", "prompt": ["a", [1, 2]], "logprobs": 2, "n": 3})");
+      R"({"model": "m", "prompt": ["a", "b c"], "logprobs": 2, "n": 3})");
   ASSERT_TRUE(many.ok()) << many.status();
   ASSERT_EQ(many->prompts.size(), 2u);
   EXPECT_EQ(many->prompts[0].text(), "a");
-  EXPECT_EQ(many->prompts[1].token_ids().token_ids_size(), 2);
+  EXPECT_EQ(many->prompts[1].text(), "b c");
   EXPECT_TRUE(many->logprobs);
   EXPECT_EQ(many->top_logprobs, 2);
   EXPECT_EQ(many->prompts[1].sampling().logprobs(), 2);
@@ -111,6 +111,27 @@ TEST(OpenAiRequestTest, CompletionPromptShapes) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   ASSERT_EQ(ids->prompts.size(), 1u);
   EXPECT_EQ(ids->prompts[0].token_ids().token_ids(2), 7);
+
+  auto arrays = Completion(R"({"model": "m", "prompt": [[5], [6, 7]]})");
+  ASSERT_TRUE(arrays.ok()) << arrays.status();
+  ASSERT_EQ(arrays->prompts.size(), 2u);
+  EXPECT_EQ(arrays->prompts[1].token_ids().token_ids_size(), 2);
+}
+
+// Strings only or token-id arrays only, and none empty, naming the prompt.
+TEST(OpenAiRequestTest, MixedOrEmptyPromptsNameThePrompt) {
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": ["a", [1]]})")),
+              HasSubstr("prompt[1] is array but prompt[0] is string"));
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": [[1], "a"]})")),
+              HasSubstr("prompt[1] is string but prompt[0] is array"));
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": ""})")),
+              StartsWith("prompt must not be empty"));
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": ["a", ""]})")),
+              StartsWith("prompt[1] must not be empty"));
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": [[1], []]})")),
+              StartsWith("prompt[1] must hold at least one token id"));
+  EXPECT_THAT(Error(Completion(R"({"model": "m", "prompt": [[]]})")),
+              StartsWith("prompt[0] must hold at least one token id"));
 }
 
 TEST(OpenAiRequestTest, ChoiceSeedsAdvanceByChoiceIndex) {

@@ -158,6 +158,51 @@ TEST(OpenAiErrorTest, StatusCodesMapToHttp) {
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnknown), 500);
 }
 
+// A Generate call's error about its prompt, in the OpenAI request's names.
+TEST(OpenAiErrorTest, PromptErrorsNameTheRequestsFields) {
+  struct Case {
+    const char* baton;
+    const char* field;
+    const char* openai;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"text: empty text", "prompt[1]", "prompt[1]: empty text", "prompt[1]"},
+      {"token_ids.token_ids[3]: 99999 is outside [0, 49152)", "prompt[2]",
+       "prompt[2][3]: 99999 is outside [0, 49152)", "prompt[2][3]"},
+      {"token_ids.token_ids: at least one id is required", "prompt",
+       "prompt: at least one id is required", "prompt"},
+      {"chat.messages[0].role: 'tool' is not one of system, user, assistant",
+       "messages",
+       "messages[0].role: 'tool' is not one of system, user, assistant",
+       "messages[0].role"},
+      {"prompt.chat.messages: 1025 messages, over the limit of 1024",
+       "messages", "messages: 1025 messages, over the limit of 1024",
+       "messages"},
+      {"prompt.text: 9000000 bytes, over", "prompt",
+       "prompt: 9000000 bytes, over", "prompt"},
+      {"prompt: 9000 tokens, over", "messages", "messages: 9000 tokens, over",
+       "messages"},
+      // Not a prompt path: kept.
+      {"prompt_tokens + max_tokens must be <= context_length", "prompt",
+       "prompt_tokens + max_tokens must be <= context_length", "max_tokens"},
+      {"top_p must be in (0, 1], got 2", "prompt",
+       "top_p must be in (0, 1], got 2", "top_p"},
+      {"sampling.stop: 20 strings, the limit is 16", "prompt",
+       "stop: 20 strings, the limit is 16", "stop"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.baton);
+    const absl::Status s =
+        InRequestTerms(absl::InvalidArgumentError(c.baton), c.field);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), c.openai);
+    EXPECT_EQ(ParamOf(s), c.param);
+  }
+  const absl::Status busy = absl::ResourceExhaustedError("text: busy");
+  EXPECT_EQ(InRequestTerms(busy, "prompt"), busy);
+}
+
 TEST(OpenAiErrorTest, ErrorBodiesNameTheParam) {
   const HttpError bad = ToHttpError(absl::InvalidArgumentError(
       "sampling.prompt_tokens + max_tokens must be <= context_length, got 5 + "

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc/grpc_status.h"
 #include "common/tsan/annotations.h"
+#include "coordinator/routing_policy.h"
 #include "coordinator/service/generate_call.h"
 #include "proto/convert.h"
 
@@ -302,6 +303,8 @@ grpc::ServerUnaryReactor* BatonService::Tokenize(
     response->add_token_ids(id);
     response->add_pieces(model.tokenizer().TokenToBytes(id));
   }
+  response->set_max_request_tokens(
+      LargestDecodePool(cluster_->RoutingCandidates(), model.id()).tokens());
   return Finish(context, absl::OkStatus());
 }
 

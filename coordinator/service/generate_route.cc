@@ -29,6 +29,20 @@ namespace {
 // (kGrantsInFlightPayload) looks again.
 constexpr absl::Duration kGrantPoll = absl::Milliseconds(1);
 
+// A request that no decode worker up can ever hold: FAILED_PRECONDITION
+// (HTTP 400; retrying cannot help until a larger worker joins), naming what
+// would fit.
+absl::Status NeverFits(const RequestInfo& info, const DecodeCapacity& largest) {
+  const int64_t room = largest.tokens() - info.prompt_tokens;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "prompt (", info.prompt_tokens, " tokens) + max_tokens (",
+      info.max_tokens, ") needs ", DecodeBlocksNeeded(info, largest.block_size),
+      " KV blocks; the largest decode worker has ", largest.blocks, " (",
+      largest.tokens(), " tokens: ",
+      room > 0 ? absl::StrCat("max_tokens <= ", room, " fits this prompt)")
+               : std::string("the prompt alone does not fit)")));
+}
+
 }  // namespace
 
 async::Task<absl::Status> GenerateCall::Route() {
@@ -80,24 +94,10 @@ async::Task<absl::Status> GenerateCall::Route() {
         backoff = std::min(backoff * 2, absl::Milliseconds(100));
         continue;
       }
-      int64_t largest = 0;
-      int64_t block_size = 0;
-      for (const WorkerInfo& w : all) {
-        if (!CanDecode(w.registration.role) ||
-            w.health != WorkerHealth::kHealthy ||
-            w.registration.model_id != model_id) {
-          continue;
-        }
-        if (w.registration.kv_blocks_total > largest) {
-          largest = w.registration.kv_blocks_total;
-          block_size = w.registration.kv_layout.block_size;
-        }
-      }
-      if (block_size > 0 && DecodeBlocksNeeded(info, block_size) > largest) {
-        co_return absl::ResourceExhaustedError(absl::StrCat(
-            "prompt (", info.prompt_tokens, " tokens) + max_tokens (",
-            info.max_tokens, ") needs ", DecodeBlocksNeeded(info, block_size),
-            " KV blocks; the largest decode worker has ", largest));
+      if (const DecodeCapacity largest = LargestDecodePool(all, model_id);
+          largest.block_size > 0 &&
+          DecodeBlocksNeeded(info, largest.block_size) > largest.blocks) {
+        co_return NeverFits(info, largest);
       }
       if (clock.Now() >= queue_deadline) {
         co_return absl::ResourceExhaustedError(absl::StrCat(

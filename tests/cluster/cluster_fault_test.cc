@@ -71,11 +71,12 @@ TEST(ClusterFaultTest, DecodePoolWithoutRoom) {
   ASSERT_NE(cluster, nullptr);
 
   // More than the whole pool: refused at once (not queued until the queue
-  // timeout), naming the numbers.
+  // timeout) as a request to change (not to retry), naming the numbers.
   StreamResult too_big = RunGenerate(cluster->baton(), LongRequest(0, 500));
-  EXPECT_EQ(too_big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(too_big.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(too_big.status.error_message(),
-              HasSubstr("KV blocks; the largest decode worker has 11"));
+              HasSubstr("KV blocks; the largest decode worker has 11 (176 "
+                        "tokens: max_tokens <= "));
   ExpectAllFree(*cluster);
 
   // Each request needs more than half the pool (prompt + 90 tokens: 8

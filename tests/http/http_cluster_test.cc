@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -39,10 +41,11 @@ class HttpClusterTest : public ::testing::Test {
     ASSERT_EQ(access(script_.c_str(), R_OK), 0) << "missing " << script_;
   }
 
-  void StartCluster() {
+  void StartCluster(int64_t decode_kv_cache_mib = 0) {
     LocalClusterOptions options;
     options.http = true;
     options.kv_cache_mib = 256;
+    options.decode_kv_cache_mib = decode_kv_cache_mib;
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
@@ -73,9 +76,29 @@ class HttpClusterTest : public ::testing::Test {
     return out.ok() ? *out : "";
   }
 
+  // POSTs `body` to `path`; returns the response body, a space and the
+  // HTTP status.
+  std::string Post(const std::string& path, const Json& body) {
+    const std::string file = ::testing::TempDir() + "/http_cluster_body.json";
+    std::ofstream(file) << body.dump();
+    return Curl(absl::StrCat("-w ' %{http_code}' http://",
+                             cluster_->http_address(), path,
+                             " -H 'Content-Type: application/json' "
+                             "--data-binary @",
+                             file));
+  }
+
   std::string script_;
   std::unique_ptr<LocalCluster> cluster_;
 };
+
+// Splits Post's answer into its JSON and its status.
+std::pair<Json, std::string> Answer(const std::string& posted) {
+  const size_t space = posted.rfind(' ');
+  if (space == std::string::npos) return {Json(), posted};
+  return {Json::parse(posted.substr(0, space), nullptr, false),
+          posted.substr(space + 1)};
+}
 
 TEST_F(HttpClusterTest, OpenAiSdkAndBadInput) {
   StartCluster();
@@ -140,6 +163,43 @@ TEST_F(HttpClusterTest, CurlReadsTheSseStreamAndHealthAndMetrics) {
   }
   EXPECT_THAT(health, HasSubstr("\"status\":\"unavailable\"")) << health;
   EXPECT_THAT(health, HasSubstr(" 503"));
+}
+
+// A decode pool of 11 blocks (176 tokens): a chat that sets no max_tokens
+// gets what the pool holds after its prompt (not the 1024-token default,
+// which could never be served); an explicit max_tokens beyond it is a 400
+// naming what fits, and so is a chat longer than the model's context.
+TEST_F(HttpClusterTest, ChatWithoutMaxTokensGetsWhatTheDecodePoolHolds) {
+  StartCluster(/*decode_kv_cache_mib=*/4);
+  std::string words;
+  for (int i = 0; i < 60; ++i) absl::StrAppend(&words, " apple pear");
+  Json body = {{"model", ModelId()},
+               {"messages", {{{"role", "user"}, {"content", words}}}},
+               {"ignore_eos", true}};
+  auto [fits, status] = Answer(Post("/v1/chat/completions", body));
+  ASSERT_EQ(status, "200") << fits.dump();
+  const int prompt = fits["usage"]["prompt_tokens"].get<int>();
+  ASSERT_LT(prompt, 176);
+  EXPECT_EQ(fits["usage"]["completion_tokens"].get<int>(), 176 - prompt);
+  EXPECT_EQ(fits["choices"][0]["finish_reason"], "length");
+
+  body["max_tokens"] = 500;
+  auto [too_many, status_too_many] = Answer(Post("/v1/chat/completions", body));
+  EXPECT_EQ(status_too_many, "400") << too_many.dump();
+  EXPECT_THAT(too_many["error"]["message"].get<std::string>(),
+              HasSubstr(absl::StrCat("max_tokens <= ", 176 - prompt,
+                                     " fits this prompt")));
+
+  body.erase("max_tokens");
+  std::string long_chat;
+  for (int i = 0; i < 4200; ++i) absl::StrAppend(&long_chat, " apple pear");
+  body["messages"][0]["content"] = long_chat;
+  auto [too_long, status_too_long] = Answer(Post("/v1/chat/completions", body));
+  EXPECT_EQ(status_too_long, "400") << too_long.dump();
+  EXPECT_EQ(too_long["error"]["param"], "messages");
+  EXPECT_THAT(too_long["error"]["message"].get<std::string>(),
+              HasSubstr("the model's context holds 8192"));
+  EXPECT_TRUE(cluster_->WaitAllFree(absl::Seconds(10)).ok());
 }
 
 // The same prompt twice: the second prefill reuses the first one's full

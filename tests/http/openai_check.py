@@ -211,17 +211,32 @@ def check_bad(address):
          400, "context_length"),
         ("over a request limit", "POST", "/v1/chat/completions",
          body(stop=[f"s{i}" for i in range(20)]), 400,
-         "sampling.stop: 20 strings, the limit is 16 (--max_stop_strings)"),
+         "stop: 20 strings, the limit is 16 (--max_stop_strings)", "stop"),
+        # Baton's names for a prompt's parts come back in the request's own.
+        ("token id outside the vocabulary", "POST", "/v1/completions",
+         json.dumps({"model": model, "prompt": [[1], [99999]], "max_tokens": 4}),
+         400, "prompt[1][0]: 99999 is outside", "prompt[1][0]"),
+        ("unknown chat role", "POST", "/v1/chat/completions",
+         body(messages=[{"role": "tool", "content": "x"}]), 400,
+         "messages[0].role: 'tool' is not one of", "messages[0].role"),
+        ("unknown chat role, no max_tokens", "POST", "/v1/chat/completions",
+         json.dumps({"model": model, "messages": [{"role": "tool", "content": "x"}]}),
+         400, "messages[0].role: 'tool' is not one of", "messages[0].role"),
+        ("mixed prompt array", "POST", "/v1/completions",
+         json.dumps({"model": model, "prompt": ["a", [1]], "max_tokens": 4}),
+         400, "prompt[1] is array but prompt[0] is string"),
         ("too large", "POST", "/v1/chat/completions", "x" * (2 << 20), 413,
          "--http_max_body_bytes"),
         ("unknown route", "GET", "/v2/everything", None, 404, "no route"),
         ("wrong method", "GET", "/v1/completions", None, 405, "use POST"),
     ]
-    for name, method, path, data, status, needle in cases:
+    for name, method, path, data, status, needle, *param in cases:
         got, text = raw(address, method, path, data)
         check(got == status, f"{name}: HTTP {got}, want {status}: {text}")
         error = json.loads(text)["error"]
         check(needle in error["message"], f"{name}: message {error['message']!r} lacks {needle!r}")
+        if param:
+            check(error["param"] == param[0], f"{name}: param {error['param']!r}, want {param[0]!r}")
         check(set(error) == {"message", "type", "param", "code"}, f"{name}: {error}")
         log(f"{name}: {got} {error['message']!r}")
     status, text = raw(address, "POST", "/v1/chat/completions", body())

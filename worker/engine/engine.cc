@@ -102,7 +102,8 @@ absl::StatusOr<std::unique_ptr<Sequence>> Engine::NewSequence(
     }
   }
   if (cache_->BlocksNeeded(pool_tokens) > cache_->num_blocks_total()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    // Never fits here (not a full pool: retrying cannot help).
+    return absl::FailedPreconditionError(absl::StrCat(
         "prompt (", request.prompt.size(), " tokens) + max_tokens (",
         request.params.max_tokens, ") needs ",
         cache_->BlocksNeeded(pool_tokens), " KV blocks, but the pool has only ",

@@ -311,8 +311,8 @@ TEST_F(EngineTest, RejectsInvalidRequests) {
   EXPECT_EQ(submit(SamplingParams(), {1, 49152}).code(),
             absl::StatusCode::kInvalidArgument);
   p = SamplingParams();
-  p.max_tokens = 200;  // 8 blocks hold 128 tokens
-  EXPECT_EQ(submit(p).code(), absl::StatusCode::kResourceExhausted);
+  p.max_tokens = 200;  // 8 blocks hold 128 tokens: never fits
+  EXPECT_EQ(submit(p).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(submit(SamplingParams()).ok());
   EXPECT_THAT(std::string(submit(SamplingParams()).message()),
               HasSubstr("already in use"));

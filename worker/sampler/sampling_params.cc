@@ -1,10 +1,11 @@
 #include "worker/sampler/sampling_params.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace baton {
@@ -12,6 +13,19 @@ namespace {
 
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
+}
+
+// `x` in the fewest digits that read back as it (as a float when it is one:
+// the API's fields are), so an out-of-range value never prints as the
+// bound it is just past ("got 1" for 1.0000001).
+std::string Shortest(double x) {
+  char buffer[64];
+  const float f = static_cast<float>(x);
+  const std::to_chars_result r =
+      static_cast<double>(f) == x
+          ? std::to_chars(buffer, buffer + sizeof(buffer), f)
+          : std::to_chars(buffer, buffer + sizeof(buffer), x);
+  return std::string(buffer, r.ptr);
 }
 
 // Inclusive range check written so that NaN fails it.
@@ -23,31 +37,33 @@ bool InClosedRange(double x, double lo, double hi) {
 
 absl::Status ValidateSamplingFields(const SamplingParams& p) {
   if (!(std::isfinite(p.temperature) && p.temperature >= 0.0)) {
-    return Invalid(absl::StrFormat(
-        "temperature must be finite and >= 0 (0 = greedy), got %g",
-        p.temperature));
+    return Invalid(
+        absl::StrCat("temperature must be finite and >= 0 (0 = greedy), got ",
+                     Shortest(p.temperature)));
   }
   if (p.top_k < 0) {
     return Invalid(absl::StrCat("top_k must be >= 0 (0 = off), got ", p.top_k));
   }
   if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
-    return Invalid(absl::StrFormat("top_p must be in (0, 1], got %g", p.top_p));
+    return Invalid(
+        absl::StrCat("top_p must be in (0, 1], got ", Shortest(p.top_p)));
   }
   if (!InClosedRange(p.min_p, 0.0, 1.0)) {
-    return Invalid(absl::StrFormat("min_p must be in [0, 1], got %g", p.min_p));
+    return Invalid(
+        absl::StrCat("min_p must be in [0, 1], got ", Shortest(p.min_p)));
   }
   if (!(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0)) {
-    return Invalid(absl::StrFormat(
-        "repetition_penalty must be finite and > 0 (1 = off), got %g",
-        p.repetition_penalty));
+    return Invalid(absl::StrCat(
+        "repetition_penalty must be finite and > 0 (1 = off), got ",
+        Shortest(p.repetition_penalty)));
   }
   if (!InClosedRange(p.frequency_penalty, -2.0, 2.0)) {
-    return Invalid(absl::StrFormat(
-        "frequency_penalty must be in [-2, 2], got %g", p.frequency_penalty));
+    return Invalid(absl::StrCat("frequency_penalty must be in [-2, 2], got ",
+                                Shortest(p.frequency_penalty)));
   }
   if (!InClosedRange(p.presence_penalty, -2.0, 2.0)) {
-    return Invalid(absl::StrFormat(
-        "presence_penalty must be in [-2, 2], got %g", p.presence_penalty));
+    return Invalid(absl::StrCat("presence_penalty must be in [-2, 2], got ",
+                                Shortest(p.presence_penalty)));
   }
   if (p.max_tokens < 1) {
     return Invalid(absl::StrCat("max_tokens must be >= 1, got ", p.max_tokens));

@@ -121,6 +121,27 @@ TEST(SamplingParamsTest, RejectsEveryBadFieldNamingFieldAndRange) {
   }
 }
 
+// A value just past a bound prints as itself, never as the bound (the API's
+// fields are floats: 1.0000001f is the float after 1).
+TEST(SamplingParamsTest, AValueJustPastABoundPrintsAsItself) {
+  SamplingParams p;
+  p.top_p = static_cast<double>(1.0000001f);
+  EXPECT_THAT(std::string(ValidateSamplingFields(p).message()),
+              HasSubstr("got 1.0000001"));
+  p = SamplingParams();
+  p.presence_penalty = static_cast<double>(2.0000002f);
+  EXPECT_THAT(std::string(ValidateSamplingFields(p).message()),
+              HasSubstr("got 2.0000002"));
+  p = SamplingParams();
+  p.min_p = 1.0 + 1e-12;  // not a float: all the digits it takes
+  EXPECT_THAT(std::string(ValidateSamplingFields(p).message()),
+              HasSubstr("got 1.000000000001"));
+  p = SamplingParams();
+  p.temperature = -0.5;
+  EXPECT_THAT(std::string(ValidateSamplingFields(p).message()),
+              HasSubstr("got -0.5"));
+}
+
 TEST(SamplingParamsTest, RejectsPromptPlusMaxTokensBeyondContext) {
   SamplingParams p;
   p.max_tokens = 50;
