@@ -36,12 +36,19 @@ void PrefixIndex::DropBlocksLocked(Slot slot) {
   counts_[slot] = 0;
 }
 
-void PrefixIndex::Apply(const WorkerId& worker, bool snapshot,
+bool PrefixIndex::Apply(const WorkerId& worker, bool snapshot,
                         std::span<const BlockHash> stored,
-                        std::span<const BlockHash> removed) {
+                        std::span<const BlockHash> removed,
+                        int64_t max_blocks) {
   absl::MutexLock lock(&mu_);
   const Slot slot = SlotLocked(worker);
   if (snapshot) DropBlocksLocked(slot);
+  // Checked before anything is inserted: a removal never makes room for
+  // more stored hashes than a pool holds.
+  if (static_cast<int64_t>(stored.size()) > max_blocks) {
+    DropBlocksLocked(slot);
+    return false;
+  }
   // A delta names each hash once, by its last event (the worker folds
   // them), so the order of the two lists does not matter.
   for (const BlockHash& hash : removed) {
@@ -61,6 +68,11 @@ void PrefixIndex::Apply(const WorkerId& worker, bool snapshot,
     h.insert(pos, slot);
     ++counts_[slot];
   }
+  if (counts_[slot] > max_blocks) {
+    DropBlocksLocked(slot);
+    return false;
+  }
+  return true;
 }
 
 void PrefixIndex::Forget(const WorkerId& worker) {

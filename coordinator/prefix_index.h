@@ -27,10 +27,15 @@ namespace baton::coordinator {
 class PrefixIndex {
  public:
   // Applies one heartbeat's events: with `snapshot`, `stored` replaces all
-  // the worker held; otherwise it adds `stored` and drops `removed`.
-  void Apply(const WorkerId& worker, bool snapshot,
+  // the worker held; otherwise it adds `stored` and drops `removed`. A
+  // worker cannot cache more blocks than its KV pool has: if it would then
+  // hold more than `max_blocks`, everything of it is dropped instead (its
+  // events are wrong; memory here stays bounded by the pools) and Apply
+  // returns false.
+  bool Apply(const WorkerId& worker, bool snapshot,
              std::span<const BlockHash> stored,
-             std::span<const BlockHash> removed);
+             std::span<const BlockHash> removed,
+             int64_t max_blocks = INT64_MAX);
   // Drops everything of the worker (a new registration, a removal). Walks
   // the whole index: registrations are rare, routing is not.
   void Forget(const WorkerId& worker);

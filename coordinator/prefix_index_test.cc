@@ -41,6 +41,30 @@ TEST(PrefixIndexTest, SnapshotsDeltasAndForget) {
   EXPECT_EQ(index.NumBlocks("w1"), 0);
 }
 
+// A worker's entries never outgrow its KV pool: events that would make it
+// hold more than max_blocks drop everything of it instead.
+TEST(PrefixIndexTest, AWorkerHoldsNoMoreThanItsPool) {
+  PrefixIndex index;
+  const std::vector<BlockHash> a = Chain(0, 6);
+  const std::vector<BlockHash> b = Chain(1000, 3);
+  EXPECT_TRUE(index.Apply("w1", true, std::span(a).first(4), {}, 4));
+  EXPECT_EQ(index.NumBlocks("w1"), 4);
+  // Another block without one evicted: 5 > 4.
+  EXPECT_FALSE(index.Apply("w1", false, std::span(a).subspan(4, 1), {}, 4));
+  EXPECT_EQ(index.NumBlocks("w1"), 0);
+  EXPECT_EQ(index.MatchLength("w1", a), 0);
+  // One heartbeat storing more than the pool is refused whole, even with
+  // removals beside it.
+  EXPECT_TRUE(index.Apply("w1", true, b, {}, 4));
+  EXPECT_FALSE(index.Apply("w1", false, a, b, 4));
+  EXPECT_EQ(index.NumBlocks("w1"), 0);
+  // Other workers keep theirs.
+  EXPECT_TRUE(index.Apply("w2", true, b, {}, 3));
+  EXPECT_FALSE(index.Apply("w1", true, a, {}, 5));
+  EXPECT_EQ(index.NumBlocks("w2"), 3);
+  EXPECT_EQ(index.MatchLength("w2", b), 3);
+}
+
 // MatchAll gives every worker's MatchLength in one walk: workers that fall
 // out at a gap, at a block they never held, or never matched at all.
 TEST(PrefixIndexTest, MatchAllAgreesWithMatchLengthForEveryWorker) {

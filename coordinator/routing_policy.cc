@@ -76,8 +76,8 @@ class LeastLoadedPolicy final : public RoutingPolicy {
     auto cost = [&](const WorkerInfo* w) {
       auto it = request.cached_tokens.find(w->ref.id);
       const int64_t cached = it == request.cached_tokens.end() ? 0 : it->second;
-      return static_cast<double>(w->load.queued_prefill_tokens +
-                                 request.prompt_tokens) -
+      return static_cast<double>(w->load.queued_prefill_tokens) +
+             static_cast<double>(request.prompt_tokens) -
              prefix_weight_ * static_cast<double>(cached);
     };
     // Equal costs (most often: no prompt queued anywhere) go to the worker

@@ -1,6 +1,7 @@
 #include "coordinator/worker_registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -62,10 +63,11 @@ absl::StatusOr<WorkerRef> WorkerRegistry::Register(
   }
   BATON_RETURN_IF_ERROR(registration.kv_layout.Validate());
   const int64_t min_blocks = CanDecode(registration.role) ? 1 : 0;
-  if (registration.kv_blocks_total < min_blocks) {
+  if (registration.kv_blocks_total < min_blocks ||
+      registration.kv_blocks_total > kMaxLoadCount) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "RegisterWorker: kv_blocks_total %d must be >= %d for role %s",
-        registration.kv_blocks_total, min_blocks,
+        "RegisterWorker: kv_blocks_total %d must be in [%d, %d] for role %s",
+        registration.kv_blocks_total, min_blocks, kMaxLoadCount,
         WorkerRoleName(registration.role)));
   }
 
@@ -195,6 +197,22 @@ absl::Status WorkerRegistry::Heartbeat(
         WorkerRefString(worker), load.queued_prefill_tokens,
         load.running_sequences, load.kv_blocks_free, load.kv_blocks_reserved,
         load.kv_blocks_total, load.queued_reservations));
+  }
+  // Routing adds and compares these counts: none may be near int64's end.
+  if (load.queued_prefill_tokens > kMaxLoadCount ||
+      load.kv_blocks_free > kMaxLoadCount ||
+      load.kv_blocks_reserved > kMaxLoadCount ||
+      load.kv_blocks_total > kMaxLoadCount || load.engine_steps < 0 ||
+      !std::isfinite(load.prefill_tokens_per_second) ||
+      load.prefill_tokens_per_second < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Heartbeat from %s: a load field out of range (queued_prefill_tokens, "
+        "kv_blocks_free, kv_blocks_reserved and kv_blocks_total must be <= "
+        "%d; engine_steps >= 0; prefill_tokens_per_second finite and >= 0): "
+        "%d %d %d %d %d %g",
+        WorkerRefString(worker), kMaxLoadCount, load.queued_prefill_tokens,
+        load.kv_blocks_free, load.kv_blocks_reserved, load.kv_blocks_total,
+        load.engine_steps, load.prefill_tokens_per_second));
   }
   if (load.kv_blocks_free + load.kv_blocks_reserved > load.kv_blocks_total) {
     return absl::InvalidArgumentError(absl::StrFormat(

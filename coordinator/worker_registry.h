@@ -39,6 +39,11 @@
 
 namespace baton::coordinator {
 
+// The most a worker may report of a count (blocks, queued tokens): far
+// beyond any real worker, and far enough from int64's end that routing's
+// sums cannot overflow.
+inline constexpr int64_t kMaxLoadCount = int64_t{1} << 40;
+
 struct WorkerRegistryOptions {
   // Workers are told to heartbeat at least this often.
   absl::Duration heartbeat_interval = absl::Seconds(1);

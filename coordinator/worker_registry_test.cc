@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <cmath>
+#include <cstdint>
 #include <memory>
 
 #include "gmock/gmock.h"
@@ -91,7 +93,10 @@ TEST_F(WorkerRegistryTest, RejectsBadRegistrationsNamingTheField) {
   reg = Reg(WorkerRole::kDecode, "h:1", 0);
   absl::Status s = registry_->Register(reg).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_total 0 must be >= 1"));
+  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_total 0 must be in [1, "));
+  reg = Reg(WorkerRole::kDecode, "h:1", kMaxLoadCount + 1);
+  EXPECT_EQ(registry_->Register(reg).status().code(),
+            absl::StatusCode::kInvalidArgument);
   reg = Reg(WorkerRole::kDecode, "h:1");
   reg.kv_layout.head_dim = 0;
   EXPECT_EQ(registry_->Register(reg).status().code(),
@@ -140,6 +145,17 @@ TEST_F(WorkerRegistryTest, HeartbeatErrors) {
   WorkerLoad negative{.queued_prefill_tokens = -1, .kv_blocks_total = 100};
   EXPECT_EQ(registry_->Heartbeat(w, negative, {}).code(),
             absl::StatusCode::kInvalidArgument);
+  // Counts near int64's end would overflow routing's sums (a worker
+  // reporting INT64_MAX queued tokens looked the least loaded).
+  WorkerLoad huge{.queued_prefill_tokens = INT64_MAX, .kv_blocks_total = 100};
+  absl::Status too_big = registry_->Heartbeat(w, huge, {});
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.message(), HasSubstr("out of range"));
+  WorkerLoad nan_rate{.kv_blocks_total = 100,
+                      .prefill_tokens_per_second = std::nan("")};
+  EXPECT_EQ(registry_->Heartbeat(w, nan_rate, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_->Get(w.id)->load.queued_prefill_tokens, 0);
 }
 
 TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeSuspectThenDown) {

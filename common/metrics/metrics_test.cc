@@ -21,8 +21,8 @@
 namespace baton::metrics {
 namespace {
 
-using ::testing::HasSubstr;
 using ::testing::AllOf;
+using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // Static TLS larger than the 100 KiB thread stacks a listener built on

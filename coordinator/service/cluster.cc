@@ -455,6 +455,12 @@ void Cluster::Sweep() {
   for (const DownEvent& down : registry_->Tick()) {
     Log(absl::StrCat("worker ", WorkerRefString(down.worker),
                      " is down: ", down.reason));
+    // Its cache is no routing hint now, and is kept no longer (unless the
+    // id registered again since: that registration's snapshot stands).
+    if (const absl::StatusOr<WorkerInfo> now = registry_->Get(down.worker.id);
+        !now.ok() || now->ref.epoch == down.worker.epoch) {
+      prefix_index_.Forget(down.worker.id);
+    }
     Apply(requests_.OnWorkerDown(down.worker));
   }
   Apply(requests_.ExpireDeadlines(clock_->Now()));

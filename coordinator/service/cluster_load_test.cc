@@ -1,7 +1,9 @@
 // The load routing sees (Cluster::RoutingCandidates): the coordinator's own
 // count of the prompts it sent and of the requests decoding on a worker,
 // current at every pick, and of a heartbeat's queued prompt tokens and
-// running sequences only those beyond that count (another replica's).
+// running sequences only those beyond that count (another replica's); and
+// that a worker going DOWN leaves nothing in the prefix index.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,6 +123,23 @@ TEST_F(ClusterLoadTest, SequencesCountFromTheSendToTheEndWhateverTheHeartbeat) {
   ASSERT_TRUE(Heartbeat(0, 0).ok());
   EXPECT_EQ(RoutedSequences(), 0);
   EXPECT_TRUE(cluster_->requests().CheckInvariants().ok());
+}
+
+// A worker that went DOWN leaves the prefix index (its cache is no routing
+// hint, and the coordinator keeps nothing of it).
+TEST_F(ClusterLoadTest, AWorkerThatGoesDownLeavesThePrefixIndex) {
+  std::vector<int32_t> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(i);
+  }
+  std::vector<BlockHash> chain;
+  ExtendBlockHashes(PrefixRootHash("m"), tokens, 16, 4, &chain);
+  ASSERT_TRUE(cluster_->prefix_index().Apply(worker_.id, true, chain, {},
+                                             /*max_blocks=*/100));
+  ASSERT_EQ(cluster_->prefix_index().NumBlocks(worker_.id), 4);
+  ASSERT_TRUE(cluster_->registry().Remove(worker_, "test").ok());
+  cluster_->Sweep();
+  EXPECT_EQ(cluster_->prefix_index().NumBlocks(worker_.id), 0);
 }
 
 }  // namespace

@@ -161,7 +161,8 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
 }
 
 void ControlPlaneService::ApplyPrefixCacheEvents(
-    const WorkerRef& ref, const v1::PrefixCacheEvents& events) {
+    const WorkerRef& ref, const v1::PrefixCacheEvents& events,
+    int64_t kv_blocks_total) {
   if (!events.snapshot() && events.stored().empty() &&
       events.removed().empty()) {
     return;
@@ -180,7 +181,14 @@ void ControlPlaneService::ApplyPrefixCacheEvents(
     cluster_->prefix_index().Forget(ref.id);
     return;
   }
-  cluster_->prefix_index().Apply(ref.id, events.snapshot(), *stored, *removed);
+  if (!cluster_->prefix_index().Apply(ref.id, events.snapshot(), *stored,
+                                      *removed, kv_blocks_total)) {
+    std::fprintf(stderr,
+                 "baton-coordinator: %s reported more cached blocks than "
+                 "its %lld-block KV pool; forgetting its cache\n",
+                 WorkerRefString(ref).c_str(),
+                 static_cast<long long>(kv_blocks_total));
+  }
 }
 
 grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
@@ -197,7 +205,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::Heartbeat(
   }
   response->set_lease_ttl_ms(
       absl::ToDoubleMilliseconds(cluster_->registry().options().lease_ttl));
-  ApplyPrefixCacheEvents(ref, request->prefix_cache());
+  // The registry checked it against the registration.
+  ApplyPrefixCacheEvents(ref, request->prefix_cache(),
+                         request->load().kv_blocks_total());
   for (std::string& id : cluster_->requests().Orphans(ref, leased)) {
     response->add_orphaned_request_ids(std::move(id));
   }

@@ -38,9 +38,12 @@ class ControlPlaneService final : public v1::Coordinator::CallbackService {
       v1::DeregisterWorkerResponse* response) override;
 
  private:
-  // Follows the worker's prefix cache in the cluster's PrefixIndex.
+  // Follows the worker's prefix cache in the cluster's PrefixIndex (at most
+  // `kv_blocks_total` blocks of it: a worker reporting more is forgotten,
+  // logged).
   void ApplyPrefixCacheEvents(const WorkerRef& ref,
-                              const v1::PrefixCacheEvents& events);
+                              const v1::PrefixCacheEvents& events,
+                              int64_t kv_blocks_total);
   Cluster* const cluster_;
 };
 

@@ -175,6 +175,14 @@ EngineStats Engine::stats() {
   s.kv_blocks_free = cache_->num_blocks_free();
   s.kv_blocks_cached = cache_->num_blocks_cached();
   s.kv_blocks_used = cache_->allocator().num_blocks_used();
+  for (const auto& [id, slot] : imports_) {
+    // The blocks a transfer is still to fill (a cached prefix it pinned
+    // may be shared: not counted).
+    if (slot->state == ImportSlot::State::kReserved ||
+        slot->state == ImportSlot::State::kTransferring) {
+      s.kv_blocks_reserved += slot->table.num_blocks() - slot->first_block;
+    }
+  }
   s.kv_evictions = cache_->allocator().num_evictions();
   if (staging_ != nullptr) {
     s.kv_staging_blocks_used = staging_->pool_blocks_used();

@@ -139,6 +139,9 @@ struct EngineStats {
   int64_t kv_blocks_free = 0;    // no request holds them (cached included)
   int64_t kv_blocks_cached = 0;  // free, holding a reusable prefix block
   int64_t kv_blocks_used = 0;    // held by requests (imports included)
+  // Of kv_blocks_used: blocks reserved for KV imports whose transfer has
+  // not landed yet (their cached prefix aside).
+  int64_t kv_blocks_reserved = 0;
   // Prefix cache, over requests' first admissions and KV imports: prompt
   // tokens looked up, found cached; cached blocks evicted for room.
   int64_t prefix_query_tokens = 0;

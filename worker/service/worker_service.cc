@@ -115,6 +115,7 @@ v1::WorkerLoad WorkerService::Load() {
   load.set_kv_blocks_total(stats.kv_blocks_total);
   load.set_kv_blocks_cached(stats.kv_blocks_cached);
   load.set_kv_blocks_used(stats.kv_blocks_used);
+  load.set_kv_blocks_reserved(stats.kv_blocks_reserved);
   load.set_engine_steps(stats.steps);
   load.set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
   load.set_active_transfers(

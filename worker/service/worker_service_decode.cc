@@ -107,6 +107,14 @@ grpc::ServerUnaryReactor* WorkerService::ReserveKv(
                                     "queue_ms: ", request->queue_ms(),
                                     " must be in [0, 3600000]")));
   }
+  if (!(request->reservation_ttl_ms() >= 0 &&
+        request->reservation_ttl_ms() <= 3.6e6)) {
+    return FinishUnary(
+        context, absl::InvalidArgumentError(absl::StrCat(
+                     "reservation_ttl_ms: ", request->reservation_ttl_ms(),
+                     " must be in [0, 3600000] (0: the worker's "
+                     "--reservation_ttl_ms)")));
+  }
   // Calls that wait for room are served in arrival order: none goes ahead
   // of them.
   if (reserve_queue_->size() == 0) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -188,6 +189,38 @@ TEST_F(WorkerServiceTest, StoppingWorkerAnswersWaitingReservations) {
   EXPECT_TRUE(code == grpc::StatusCode::UNAVAILABLE ||
               code == grpc::StatusCode::CANCELLED)
       << b.Join().error_message();
+}
+
+// The times a call carries are checked, never clamped: NaN, negative and
+// past-an-hour values are refused naming the field, reserving nothing.
+TEST_F(WorkerServiceTest, ReservationTimesOutOfRangeAreRefused) {
+  auto decode = StartWorker(v1::WORKER_ROLE_DECODE);
+  ASSERT_NE(decode, nullptr);
+  for (double bad : {std::nan(""), -5.0, 3.6e6 + 1, HUGE_VAL}) {
+    SCOPED_TRACE(bad);
+    v1::ReserveKvRequest queue = Big("q", bad);
+    const grpc::Status queued = Reserve(*decode, queue);
+    EXPECT_EQ(queued.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(queued.error_message(), HasSubstr("queue_ms"));
+    v1::ReserveKvRequest ttl = Big("t", 0);
+    ttl.set_reservation_ttl_ms(bad);
+    const grpc::Status lived = Reserve(*decode, ttl);
+    EXPECT_EQ(lived.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(lived.error_message(), HasSubstr("reservation_ttl_ms"));
+  }
+  v1::WorkerLoad load = decode->Load();
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
+  EXPECT_EQ(load.kv_blocks_reserved(), 0);
+
+  // A good reservation shows in kv_blocks_reserved until it is freed.
+  ASSERT_TRUE(Reserve(*decode, Big("a", 0)).ok());
+  load = decode->Load();
+  EXPECT_EQ(load.kv_blocks_reserved(), 38);
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total() - 38);
+  CancelOn(*decode, "a");
+  load = decode->WaitAllFree();
+  EXPECT_EQ(load.kv_blocks_reserved(), 0);
+  EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total());
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/transport/kv_transport_test_util.h"
@@ -87,6 +89,48 @@ TEST(TcpKvConnectionPoolTest, ConnectionTheReceiverClosedIsNotReused) {
   // Transfers still land on the fresh connections.
   decode.Expect(2, 40);
   EXPECT_TRUE(Transfer(**receiver, src, 2, pool).ok());
+}
+
+// Peers that connect and send nothing cannot hold every slot: a new
+// connection takes the place of the oldest on which nothing was proved, and
+// a pooled connection that proved a transfer keeps its place.
+TEST(TcpKvConnectionPoolTest, ConnectionsThatProveNothingCannotHoldEverySlot) {
+  PrefillSide src(/*num_blocks=*/64, /*num_tokens=*/40, /*seed=*/6);
+  DecodeSide decode(/*num_blocks=*/64);
+  TcpKvReceiverOptions ro;
+  ro.max_connections = 4;
+  auto receiver = TcpKvReceiver::Start(ro, decode.Callbacks());
+  ASSERT_TRUE(receiver.ok());
+  auto pool = std::make_shared<TcpKvConnectionPool>();
+  decode.Expect(1, 40);
+  ASSERT_TRUE(Transfer(**receiver, src, 1, pool).ok());
+  ASSERT_EQ(pool->idle_count(), 1u);
+  // Twice as many silent connections as there are slots.
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 8; ++i) {
+    auto fd = TcpConnect((*receiver)->endpoint(), absl::Seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    silent.push_back(std::move(*fd));
+  }
+  for (int i = 0; i < 500 && (*receiver)->num_connections() < 4; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_LE((*receiver)->num_connections(), 4);
+  // The pooled connection is still open (the pool drops one the receiver
+  // closed, ConnectionTheReceiverClosedIsNotReused).
+  absl::SleepFor(absl::Milliseconds(100));
+  bool reused = false;
+  auto pooled =
+      pool->Acquire((*receiver)->endpoint(), absl::Seconds(1), 0, &reused);
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  EXPECT_TRUE(reused);
+  // A sender with no pooled connection gets a slot too.
+  decode.Expect(3, 40);
+  EXPECT_TRUE(
+      Transfer(**receiver, src, 3, std::make_shared<TcpKvConnectionPool>())
+          .ok());
+  EXPECT_TRUE(decode.WaitDone(3).ok());
+  for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(3, src, l);
 }
 
 TEST(TcpKvConnectionPoolTest, OldIdleConnectionsExpireAndTheListIsBounded) {

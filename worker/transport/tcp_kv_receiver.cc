@@ -75,7 +75,7 @@ std::string TcpKvReceiver::endpoint() const {
 void TcpKvReceiver::SpawnListener() {
   Connection& c = connections_.emplace_back();
   c.thread = std::thread([this, &c] {
-    AcceptThenServe();
+    AcceptThenServe(c);
     c.done.store(true, std::memory_order_release);
   });
 }
@@ -92,7 +92,21 @@ void TcpKvReceiver::Reap() {
   }
 }
 
-void TcpKvReceiver::AcceptThenServe() {
+bool TcpKvReceiver::EvictUnprovenLocked() {
+  // The list is in accept order: the first match waited longest.
+  for (Connection& c : connections_) {
+    if (c.fd >= 0 && !c.proven && !c.evicted) {
+      c.evicted = true;
+      // Its thread sees end of stream (or a failed handshake) and closes
+      // it; the fd stays open until that thread clears c.fd under mu_.
+      shutdown(c.fd, SHUT_RDWR);
+      return true;
+    }
+  }
+  return false;
+}
+
+void TcpKvReceiver::AcceptThenServe(Connection& self) {
   int fd = -1;
   while (fd < 0) {
     Reap();  // threads whose connection ended; never on a transfer's path
@@ -109,15 +123,21 @@ void TcpKvReceiver::AcceptThenServe() {
       close(fd);
       return;
     }
-    if (num_serving_ >= options_.max_connections) {
+    if (num_serving_ >= options_.max_connections && !EvictUnprovenLocked()) {
       close(fd);
       fd = -1;
       continue;
     }
     ++num_serving_;
+    self.fd = fd;
     SpawnListener();  // the next connection's thread; this one serves fd
   }
-  Serve(fd);
+  Serve(self, fd);
+  {
+    absl::MutexLock lock(&mu_);
+    self.fd = -1;  // no eviction reaches it from here on
+  }
+  close(fd);
   {
     absl::MutexLock lock(&mu_);
     --num_serving_;
@@ -130,8 +150,7 @@ int TcpKvReceiver::num_connections() {
   return num_serving_;
 }
 
-void TcpKvReceiver::Serve(int raw_fd) {
-  UniqueFd fd(raw_fd);
+void TcpKvReceiver::Serve(Connection& self, int fd) {
   SocketIoOptions io;
   UniqueSsl tls;
   if (options_.tls != nullptr) {
@@ -141,10 +160,10 @@ void TcpKvReceiver::Serve(int raw_fd) {
     // the connection is closed.
     io.stall_timeout = options_.stall_timeout;
     io.cancel_fd = wake_fd_.get();
-    absl::StatusOr<UniqueSsl> accepted = options_.tls->Accept(fd.get(), io);
+    absl::StatusOr<UniqueSsl> accepted = options_.tls->Accept(fd, io);
     if (accepted.ok()) tls = std::move(*accepted);
   }
-  const KvStream stream(fd.get(), tls.get());
+  const KvStream stream(fd, tls.get());
   absl::Status status;
   // Transfers one after another until the sender closes the connection
   // between two of them (or one fails).
@@ -152,7 +171,7 @@ void TcpKvReceiver::Serve(int raw_fd) {
     uint64_t transfer_id = 0;
     bool known = false;
     bool claimed = false;
-    status = ServeTransfer(stream, &transfer_id, &known, &claimed);
+    status = ServeTransfer(self, stream, &transfer_id, &known, &claimed);
     // No frame of a new transfer: the sender closed an idle connection (OK),
     // the connection stayed idle past idle_timeout, or shutdown began.
     if (!known) return;
@@ -174,18 +193,18 @@ void TcpKvReceiver::Serve(int raw_fd) {
   // the TLS alert) rather than a connection reset. Nothing drained reaches
   // the pool.
   io.stall_timeout = std::min(options_.stall_timeout, kMaxLinger);
-  shutdown(fd.get(), SHUT_WR);
+  shutdown(fd, SHUT_WR);
   const absl::Time until = absl::Now() + io.stall_timeout;
   std::vector<uint8_t> sink(1 << 16);
   while (absl::Now() < until) {
     io.stall_timeout = until - absl::Now();
-    if (!WaitFd(fd.get(), POLLIN, io, "draining").ok()) return;
-    const ssize_t n = recv(fd.get(), sink.data(), sink.size(), 0);
+    if (!WaitFd(fd, POLLIN, io, "draining").ok()) return;
+    const ssize_t n = recv(fd, sink.data(), sink.size(), 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
   }
 }
 
-absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
+absl::Status TcpKvReceiver::ServeTransfer(Connection& self, KvStream stream,
                                           uint64_t* transfer_id, bool* known,
                                           bool* claimed) {
   SocketIoOptions io;
@@ -213,12 +232,21 @@ absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
     bool eof = false;
     const std::string progress =
         *known ? progress_of.Describe() : std::string("a new KV transfer");
-    // Before a transfer's first frame the connection is idle: it may wait
-    // for the next transfer up to idle_timeout, and may end there.
+    // Before a transfer's first frame the connection is idle: once a
+    // transfer was proved on it, it may wait for the next one up to
+    // idle_timeout (a sender's pooled connection), and may end there; a
+    // new connection sends its first frame within stall_timeout.
     SocketIoOptions frame_io = io;
     if (!*known) {
-      frame_io.stall_timeout =
-          std::max(options_.stall_timeout, options_.idle_timeout);
+      bool proven = false;
+      {
+        absl::MutexLock lock(&mu_);
+        proven = self.proven;
+      }
+      if (proven) {
+        frame_io.stall_timeout =
+            std::max(options_.stall_timeout, options_.idle_timeout);
+      }
     }
     BATON_RETURN_IF_ERROR(
         PrefixStatus(absl::StrCat(progress, ": "),
@@ -244,6 +272,12 @@ absl::Status TcpKvReceiver::ServeTransfer(KvStream stream,
       // without touching it.
       BATON_RETURN_IF_ERROR(
           ChallengeSender(stream, *transfer_id, callbacks_.secret, io));
+      {
+        // A sender that knows a transfer's secret: no newer connection
+        // takes its place.
+        absl::MutexLock lock(&mu_);
+        self.proven = true;
+      }
       BATON_RETURN_IF_ERROR(live_.Claim(*transfer_id));
       absl::StatusOr<KvTransferTarget> looked_up =
           callbacks_.lookup(*transfer_id);

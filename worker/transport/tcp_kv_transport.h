@@ -128,11 +128,15 @@ struct TcpKvReceiverOptions {
   // A transfer whose sender makes no progress for this long fails with
   // DeadlineExceeded (reported through on_done and sent to the sender).
   absl::Duration stall_timeout = absl::Seconds(10);
-  // Connections served at once; more are refused (closed on accept).
+  // Connections served at once. One more closes the oldest connection on
+  // which no sender has proved a transfer's secret yet (so peers that only
+  // connect cannot hold every slot), or is refused when every connection
+  // has.
   int max_connections = 256;
-  // A connection with no transfer in progress is closed after this long
+  // A connection on which a transfer was proved is closed after this long
   // without the next transfer's first frame (the sender's pool drops idle
-  // connections sooner: TcpKvConnectionPoolOptions::max_idle).
+  // connections sooner: TcpKvConnectionPoolOptions::max_idle). A new one
+  // gets stall_timeout for its first frame.
   absl::Duration idle_timeout = absl::Seconds(60);
 
   // Set: every connection is TLS (kv_tls.h) and must present a
@@ -173,6 +177,12 @@ class TcpKvReceiver : public KvReceiver {
   struct Connection {
     std::thread thread;
     std::atomic<bool> done{false};
+    // Guarded by mu_ (the list is): the socket it serves (-1 before accept
+    // and once it is being closed), whether a sender proved a transfer's
+    // secret on it, and whether a newer connection shut it down for room.
+    int fd = -1;
+    bool proven = false;
+    bool evicted = false;
   };
 
   TcpKvReceiver(const TcpKvReceiverOptions& options,
@@ -186,15 +196,20 @@ class TcpKvReceiver : public KvReceiver {
   // read by the thread the connection woke (no hand-off to a second thread
   // on the critical path). Returns at shutdown or when the connection is
   // served.
-  void AcceptThenServe();
+  void AcceptThenServe(Connection& self);
   // Joins connection threads that have finished.
   void Reap();
-  void Serve(int fd);
+  // Shuts down the oldest open connection not proven nor evicted yet;
+  // false if there is none.
+  bool EvictUnprovenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Serves `self`'s socket `fd` (closed by the caller).
+  void Serve(Connection& self, int fd);
   // Serves one transfer; returns its final status. *transfer_known is set
   // once a frame carried a transfer id (then a status frame is owed), and
   // *claimed once lookup returned its target (then on_done is owed).
-  absl::Status ServeTransfer(KvStream stream, uint64_t* transfer_id,
-                             bool* transfer_known, bool* claimed);
+  absl::Status ServeTransfer(Connection& self, KvStream stream,
+                             uint64_t* transfer_id, bool* transfer_known,
+                             bool* claimed);
 
   const TcpKvReceiverOptions options_;
   const KvReceiverCallbacks callbacks_;
