@@ -329,6 +329,9 @@ class Engine {
   // Where the receiver of slot's transfer writes.
   KvTransferTarget TargetOf(const ImportSlot& slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
+  // EngineStats::kv_blocks_reserved.
+  int64_t ReservedImportBlocksLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   // Validation and per-request state shared by Submit and SubmitPrefill.
   absl::StatusOr<std::unique_ptr<Sequence>> NewSequence(
       GenerationRequest request, int64_t pool_tokens);

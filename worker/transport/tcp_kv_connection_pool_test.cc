@@ -29,6 +29,22 @@ absl::Status Transfer(const KvReceiver& receiver, const PrefillSide& src,
   return (*sender)->Finish();
 }
 
+// A receiver with `ro`, and transfer 1 (40 tokens) sent to it through
+// `pool`, which then holds its connection; null on a failure.
+std::unique_ptr<TcpKvReceiver> WithOnePooledConnection(
+    const TcpKvReceiverOptions& ro, DecodeSide& decode, const PrefillSide& src,
+    const std::shared_ptr<TcpKvConnectionPool>& pool) {
+  auto receiver = TcpKvReceiver::Start(ro, decode.Callbacks());
+  EXPECT_TRUE(receiver.ok()) << receiver.status();
+  if (!receiver.ok()) return nullptr;
+  decode.Expect(1, 40);
+  const absl::Status sent = Transfer(**receiver, src, 1, pool);
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(pool->idle_count(), 1u);
+  if (!sent.ok()) return nullptr;
+  return std::move(*receiver);
+}
+
 TEST(TcpKvConnectionPoolTest, TransfersShareOneConnection) {
   PrefillSide src(/*num_blocks=*/64, /*num_tokens=*/100, /*seed=*/3);
   DecodeSide decode(/*num_blocks=*/64);
@@ -69,26 +85,23 @@ TEST(TcpKvConnectionPoolTest, ConnectionTheReceiverClosedIsNotReused) {
   TcpKvReceiverOptions ro;
   ro.idle_timeout = absl::Milliseconds(100);
   ro.stall_timeout = absl::Milliseconds(100);
-  auto receiver = TcpKvReceiver::Start(ro, decode.Callbacks());
-  ASSERT_TRUE(receiver.ok());
   auto pool = std::make_shared<TcpKvConnectionPool>();
-  decode.Expect(1, 40);
-  ASSERT_TRUE(Transfer(**receiver, src, 1, pool).ok());
-  ASSERT_EQ(pool->idle_count(), 1u);
+  auto receiver = WithOnePooledConnection(ro, decode, src, pool);
+  ASSERT_NE(receiver, nullptr);
   // The receiver closes the idle connection after 100 ms: wait until it has.
-  for (int i = 0; i < 6000 && (*receiver)->num_connections() > 0; ++i) {
+  for (int i = 0; i < 6000 && receiver->num_connections() > 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  ASSERT_EQ((*receiver)->num_connections(), 0);
+  ASSERT_EQ(receiver->num_connections(), 0);
   bool reused = true;
   auto fd =
-      pool->Acquire((*receiver)->endpoint(), absl::Seconds(1), 0, &reused);
+      pool->Acquire(receiver->endpoint(), absl::Seconds(1), 0, &reused);
   ASSERT_TRUE(fd.ok()) << fd.status();
   EXPECT_FALSE(reused);
   EXPECT_EQ(pool->idle_count(), 0u);
   // Transfers still land on the fresh connections.
   decode.Expect(2, 40);
-  EXPECT_TRUE(Transfer(**receiver, src, 2, pool).ok());
+  EXPECT_TRUE(Transfer(*receiver, src, 2, pool).ok());
 }
 
 // Peers that connect and send nothing cannot hold every slot: a new
@@ -99,35 +112,32 @@ TEST(TcpKvConnectionPoolTest, ConnectionsThatProveNothingCannotHoldEverySlot) {
   DecodeSide decode(/*num_blocks=*/64);
   TcpKvReceiverOptions ro;
   ro.max_connections = 4;
-  auto receiver = TcpKvReceiver::Start(ro, decode.Callbacks());
-  ASSERT_TRUE(receiver.ok());
   auto pool = std::make_shared<TcpKvConnectionPool>();
-  decode.Expect(1, 40);
-  ASSERT_TRUE(Transfer(**receiver, src, 1, pool).ok());
-  ASSERT_EQ(pool->idle_count(), 1u);
+  auto receiver = WithOnePooledConnection(ro, decode, src, pool);
+  ASSERT_NE(receiver, nullptr);
   // Twice as many silent connections as there are slots.
   std::vector<UniqueFd> silent;
   for (int i = 0; i < 8; ++i) {
-    auto fd = TcpConnect((*receiver)->endpoint(), absl::Seconds(5));
+    auto fd = TcpConnect(receiver->endpoint(), absl::Seconds(5));
     ASSERT_TRUE(fd.ok()) << fd.status();
     silent.push_back(std::move(*fd));
   }
-  for (int i = 0; i < 500 && (*receiver)->num_connections() < 4; ++i) {
+  for (int i = 0; i < 500 && receiver->num_connections() < 4; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_LE((*receiver)->num_connections(), 4);
+  EXPECT_LE(receiver->num_connections(), 4);
   // The pooled connection is still open (the pool drops one the receiver
   // closed, ConnectionTheReceiverClosedIsNotReused).
   absl::SleepFor(absl::Milliseconds(100));
   bool reused = false;
   auto pooled =
-      pool->Acquire((*receiver)->endpoint(), absl::Seconds(1), 0, &reused);
+      pool->Acquire(receiver->endpoint(), absl::Seconds(1), 0, &reused);
   ASSERT_TRUE(pooled.ok()) << pooled.status();
   EXPECT_TRUE(reused);
   // A sender with no pooled connection gets a slot too.
   decode.Expect(3, 40);
   EXPECT_TRUE(
-      Transfer(**receiver, src, 3, std::make_shared<TcpKvConnectionPool>())
+      Transfer(*receiver, src, 3, std::make_shared<TcpKvConnectionPool>())
           .ok());
   EXPECT_TRUE(decode.WaitDone(3).ok());
   for (int64_t l = 0; l < kLayers; ++l) decode.ExpectSameKv(3, src, l);
