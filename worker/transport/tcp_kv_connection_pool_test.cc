@@ -94,8 +94,7 @@ TEST(TcpKvConnectionPoolTest, ConnectionTheReceiverClosedIsNotReused) {
   }
   ASSERT_EQ(receiver->num_connections(), 0);
   bool reused = true;
-  auto fd =
-      pool->Acquire(receiver->endpoint(), absl::Seconds(1), 0, &reused);
+  auto fd = pool->Acquire(receiver->endpoint(), absl::Seconds(1), 0, &reused);
   ASSERT_TRUE(fd.ok()) << fd.status();
   EXPECT_FALSE(reused);
   EXPECT_EQ(pool->idle_count(), 0u);
