@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -18,6 +19,19 @@ namespace {
 // still with this is a wedge, without it an idle engine.
 bool HasEngineWork(const WorkerLoad& load) {
   return load.running_sequences > 0 || load.queued_prefill_tokens > 0;
+}
+
+// HOST:PORT as a worker's gRPC server is dialed (HOST may be an IPv6
+// address in brackets).
+bool IsHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  return address.size() <= 255 && colon != absl::string_view::npos &&
+         colon > 0 && absl::SimpleAtoi(address.substr(colon + 1), &port) &&
+         port >= 1 && port <= 65535 &&
+         std::all_of(address.begin(), address.end(), [](char c) {
+           return absl::ascii_isgraph(static_cast<unsigned char>(c));
+         });
 }
 
 }  // namespace
@@ -57,6 +71,13 @@ absl::StatusOr<WorkerRef> WorkerRegistry::Register(
     const WorkerRegistration& registration) {
   if (registration.address.empty()) {
     return absl::InvalidArgumentError("RegisterWorker: address is empty");
+  }
+  if (!IsHostPort(registration.address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RegisterWorker: address '",
+        absl::CHexEscape(registration.address.substr(0, 80)),
+        "' must be HOST:PORT (at most 255 printable bytes without spaces, "
+        "PORT in [1, 65535])"));
   }
   if (registration.model_id.empty()) {
     return absl::InvalidArgumentError("RegisterWorker: model_id is empty");

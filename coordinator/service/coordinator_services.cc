@@ -3,6 +3,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc/grpc_status.h"
@@ -113,9 +114,12 @@ grpc::ServerUnaryReactor* ControlPlaneService::RegisterWorker(
   const std::string& served = cluster_->model().id();
   if (request->model_id() != served) {
     return Finish(
-        context, absl::InvalidArgumentError(absl::StrCat(
-                     "model_id: '", request->model_id(),
-                     "' differs from the coordinator's model '", served, "'")));
+        context,
+        absl::InvalidArgumentError(absl::StrCat(
+            "model_id: '", absl::CHexEscape(request->model_id().substr(0, 200)),
+            request->model_id().size() > 200 ? "...' (" : "' (",
+            request->model_id().size(),
+            " bytes) differs from the coordinator's model '", served, "'")));
   }
   WorkerRegistration registration;
   registration.role = *role;
